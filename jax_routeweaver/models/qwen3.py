@@ -1,0 +1,278 @@
+"""Qwen3 decoder (and Llama, which is Qwen3 without q/k-norm) in flax.nnx.
+
+Parameters are stored stacked over layers (leading `layers` axis) whatever `scan_layers` says:
+`scan_layers=True` runs them with `lax.scan` (compile time independent of depth), False unrolls a
+Python loop over the same arrays. Every parameter carries `logical_axes` metadata that
+`models/sharding.py` maps to mesh axes.
+
+Shapes: B batch, T new tokens, S cache slots, D hidden, N query heads, K kv heads, H head_dim,
+F intermediate, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_routeweaver.models.config import ModelConfig
+
+_MASKED = -1e30  # finite, so a fully masked (padding) query row stays NaN-free
+
+
+class KVCache(NamedTuple):
+    """Decode cache. k, v `[L, B, S, K, H]`; valid `[B, S]` (slot holds a real token);
+    index `[]` int32: the next slot to write (shared by the batch: prompts are left-padded)."""
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    index: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
+    """An empty cache for `batch` sequences of at most `max_len` slots."""
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    dt = jnp.dtype(dtype or cfg.dtype)
+    return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt),
+                   jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
+
+
+def _param(init: Callable, key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype,
+           axes: tuple[str | None, ...]) -> nnx.Param:
+    return nnx.Param(init(key, shape, dtype), logical_axes=axes)
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder layers' weights, stacked on a leading `layers` axis."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        L, D, N, K, H, F = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                            cfg.head_dim, cfg.intermediate_size)
+        pd = jnp.dtype(cfg.param_dtype)
+        normal = nnx.initializers.normal(0.02)
+        ones = nnx.initializers.ones
+        self.attn_norm = _param(ones, rngs.params(), (L, D), pd, ("layers", "norm"))
+        self.q_proj = _param(normal, rngs.params(), (L, D, N, H), pd,
+                             ("layers", "embed", "q_heads", "head_dim"))
+        self.k_proj = _param(normal, rngs.params(), (L, D, K, H), pd,
+                             ("layers", "embed", "kv_heads", "head_dim"))
+        self.v_proj = _param(normal, rngs.params(), (L, D, K, H), pd,
+                             ("layers", "embed", "kv_heads", "head_dim"))
+        self.o_proj = _param(normal, rngs.params(), (L, N, H, D), pd,
+                             ("layers", "q_heads", "head_dim", "embed"))
+        if cfg.qk_norm:
+            self.q_norm = _param(ones, rngs.params(), (L, H), pd, ("layers", "head_norm"))
+            self.k_norm = _param(ones, rngs.params(), (L, H), pd, ("layers", "head_norm"))
+        self.mlp_norm = _param(ones, rngs.params(), (L, D), pd, ("layers", "norm"))
+        self.gate_proj = _param(normal, rngs.params(), (L, D, F), pd, ("layers", "embed", "mlp"))
+        self.up_proj = _param(normal, rngs.params(), (L, D, F), pd, ("layers", "embed", "mlp"))
+        self.down_proj = _param(normal, rngs.params(), (L, F, D), pd, ("layers", "mlp", "embed"))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        """Current values of the stacked weights, by name (traced under nnx transforms)."""
+        return {name: value[...] for name, value in vars(self).items()
+                if isinstance(value, nnx.Param)}
+
+
+class Qwen3(nnx.Module):
+    """Causal LM. `__call__` gives fp32 logits; `hidden_states` + `logits` split it so callers
+    can compute per-token logprobs in chunks (`token_logprobs`)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        pd = jnp.dtype(cfg.param_dtype)
+        normal = nnx.initializers.normal(0.02)
+        self.embed = _param(normal, rngs.params(), (cfg.vocab_size, cfg.hidden_size), pd,
+                            ("vocab", "embed"))
+        self.layers = DecoderLayers(cfg, rngs)
+        self.final_norm = _param(nnx.initializers.ones, rngs.params(), (cfg.hidden_size,), pd,
+                                 ("norm",))
+        self.lm_head = nnx.data(None if cfg.tie_word_embeddings else _param(
+            normal, rngs.params(), (cfg.hidden_size, cfg.vocab_size), pd, ("embed", "vocab")))
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """tokens, positions, attention_mask `[B, T]` -> (logits `[B, T, V]` fp32, cache)."""
+        hidden, cache = self.hidden_states(tokens, positions, attention_mask, cache)
+        return self.logits(hidden), cache
+
+    def head_weight(self) -> jax.Array:
+        """The output projection `[D, V]` (the embedding transposed when tied)."""
+        if self.lm_head is None:
+            return self.embed[...].T
+        return self.lm_head[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Final-normed hidden `[..., D]` -> logits `[..., V]` in fp32."""
+        w = self.head_weight().astype(hidden.dtype)
+        return jnp.einsum("...d,dv->...v", hidden, w,
+                          preferred_element_type=jnp.float32).astype(jnp.float32)
+
+    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                      cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """Final-normed hidden states `[B, T, D]` (compute dtype) and the updated cache.
+
+        Without a cache, token i attends to tokens j <= i with attention_mask[j] = 1 (left or
+        right padding). With a cache, the T tokens are written at slots `index .. index+T` and
+        attend to every earlier valid slot; `index` advances by T.
+        """
+        cfg = self.config
+        dt = jnp.dtype(cfg.dtype)
+        T = tokens.shape[1]
+        attention_mask = attention_mask.astype(bool)
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+        inv_freq, rope_scale = cfg.rope_inv_freq()
+        cos, sin = rope_tables(positions, jnp.asarray(inv_freq), rope_scale)
+        if cache is None:
+            causal = jnp.tril(jnp.ones((T, T), bool))
+            mask = causal[None] & attention_mask[:, None, :]
+            start = None
+        else:
+            start = cache.index
+            valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, start))
+            slots = jnp.arange(cache.k.shape[2])
+            mask = valid[:, None, :] & (slots[None, None, :] <= (start + jnp.arange(T))[None, :,
+                                                                                        None])
+
+        def layer(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple]:
+            p, ck, cv = xs
+            x, (ck, cv) = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start)
+            return x, (ck, cv)
+
+        if cfg.remat != "none":
+            layer = jax.checkpoint(layer, policy=_REMAT[cfg.remat])
+        params = self.layers.arrays()
+        ck = cv = None
+        if cache is not None:
+            ck, cv = cache.k, cache.v
+        if cfg.scan_layers:
+            x, (ks, vs) = jax.lax.scan(layer, x, (params, ck, cv))
+        else:
+            outs = []
+            for i in range(cfg.num_layers):
+                pick = lambda a, i=i: None if a is None else a[i]
+                x, kv = layer(x, jax.tree.map(pick, (params, ck, cv)))
+                outs.append(kv)
+            ks, vs = (None, None) if cache is None else (
+                jnp.stack([o[0] for o in outs]), jnp.stack([o[1] for o in outs]))
+        x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        if cache is not None:
+            cache = KVCache(ks, vs, valid, start + T)
+        return x, cache
+
+
+_REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """x / rms(x) computed in fp32, cast back, then scaled (the HF Qwen3/Llama order)."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, inv_freq: jax.Array,
+                scale: float) -> tuple[jax.Array, jax.Array]:
+    """positions `[B, T]` -> cos, sin `[B, T, H]` (fp32), HF's half-split layout."""
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * scale, jnp.sin(emb) * scale
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x `[B, T, heads, H]`; rotate pairs (i, i + H/2) by the position angle."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q `[B, T, N, H]`, k, v `[B, S, K, H]`, mask `[B, T, S]`.
+
+    Query head n uses kv head n // (N/K), as HF's `repeat_kv`. Softmax in fp32.
+    """
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * H**-0.5, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return out.reshape(B, T, N, H)
+
+
+def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array,
+                  sin: jax.Array, mask: jax.Array, cache_k: jax.Array | None,
+                  cache_v: jax.Array | None, start: jax.Array | None
+                  ) -> tuple[jax.Array, tuple[jax.Array | None, jax.Array | None]]:
+    """One pre-norm block on x `[B, T, D]`; p holds one layer's weights (no `layers` axis)."""
+    dt = x.dtype
+    eps = cfg.rms_norm_eps
+    h = rms_norm(x, p["attn_norm"], eps)
+    q = jnp.einsum("btd,dnh->btnh", h, p["q_proj"].astype(dt))
+    k = jnp.einsum("btd,dkh->btkh", h, p["k_proj"].astype(dt))
+    v = jnp.einsum("btd,dkh->btkh", h, p["v_proj"].astype(dt))
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], eps)
+        k = rms_norm(k, p["k_norm"], eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if cache_k is not None:
+        cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (0, start, 0, 0))
+        cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (0, start, 0, 0))
+        k, v = cache_k.astype(dt), cache_v.astype(dt)
+    out = attention(q, k, v, mask)
+    x = x + jnp.einsum("btnh,nhd->btd", out, p["o_proj"].astype(dt))
+    h = rms_norm(x, p["mlp_norm"], eps)
+    gate = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))
+    up = jnp.einsum("btd,df->btf", h, p["up_proj"].astype(dt))
+    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
+    return x, (cache_k, cache_v)
+
+
+def token_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
+                   attention_mask: jax.Array, *, temperature: float = 1.0,
+                   chunk_size: int | None = None) -> jax.Array:
+    """Per-token logprobs `[B, T]` fp32: out[:, t] = log softmax(logits[:, t-1] / temperature)
+    [tokens[:, t]], out[:, 0] = 0. Never materialises `[B, T, V]` (see `chunked_logprobs`)."""
+    hidden, _ = model.hidden_states(tokens, positions, attention_mask)
+    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    lp = chunked_logprobs(hidden, model.head_weight(), targets, temperature=temperature,
+                          chunk_size=chunk_size or model.config.logprob_chunk)
+    return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp[:, :-1]], axis=1)
+
+
+def chunked_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, *,
+                     temperature: float = 1.0, chunk_size: int = 512) -> jax.Array:
+    """log softmax(hidden @ head / temperature)[targets], `[B, T]` fp32, chunk by chunk.
+
+    hidden `[B, T, D]`, head `[D, V]`, targets `[B, T]`. Each chunk's `[B, c, V]` logits are
+    rematerialised in the backward pass, so peak memory is one chunk's logits, not T's.
+    """
+    B, T, D = hidden.shape
+    c = min(chunk_size, T)
+    pad = (-T) % c
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    n = (T + pad) // c
+    hs = hidden.reshape(B, n, c, D).swapaxes(0, 1)
+    ts = targets.reshape(B, n, c).swapaxes(0, 1)
+    w = head.astype(hidden.dtype)
+
+    @jax.checkpoint
+    def one(h: jax.Array, t: jax.Array) -> jax.Array:
+        logits = jnp.einsum("bcd,dv->bcv", h, w, preferred_element_type=jnp.float32)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+        return jnp.take_along_axis(logp, t[..., None], axis=-1)[..., 0]
+
+    out = jax.lax.map(lambda ht: one(*ht), (hs, ts))
+    return out.swapaxes(0, 1).reshape(B, n * c)[:, :T]
