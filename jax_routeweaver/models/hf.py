@@ -119,7 +119,7 @@ class SafetensorsReader:
             self.files = {name: self.dir / f for name, f in weight_map.items()}
         elif (self.dir / SINGLE_FILE).is_file():
             f = self.dir / SINGLE_FILE
-            self.files = {name: f for name in self._open(f).keys()}
+            self.files = {name: f for name in self._open(f).keys()}  # noqa: SIM118
         else:
             raise FileNotFoundError(f"{self.dir}: neither {SINGLE_FILE} nor {INDEX_FILE}")
 

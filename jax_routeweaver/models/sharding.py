@@ -14,7 +14,6 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 

@@ -1,0 +1,271 @@
+"""`routeweaver` command line: one subcommand per entry of `COMMANDS`.
+
+A command is a name, a help line, a function adding its arguments and a function running it
+(returning the exit code). Heavy imports (jax, orbax, transformers) happen inside the run
+functions so `routeweaver --help` stays instant. Expected failures (bad paths, bad checkpoints,
+bad arguments) print one line `routeweaver: error: ...` to stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+PROG = "routeweaver"
+DTYPES = ("float32", "bfloat16", "float16")
+EXIT_ERROR = 2
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+# HF's convention (`max_shard_size="2GB"`): KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024.
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A subcommand: `add_arguments(parser)` declares it, `run(args) -> exit code` runs it."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# ------------------------------------------------------------------------------ arg types
+def parse_size(text: str) -> int:
+    """'2GB' -> 2_000_000_000, '500MB', '100KB', '1GiB' -> 2**30, '4096' -> bytes."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 2GB, 500MB, 100KB)")
+    size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: must be positive")
+    return size
+
+
+def parse_mesh(text: str) -> tuple[int, ...]:
+    """'1,-1,1' -> (1, -1, 1): the (data, fsdp, tensor) mesh shape, one entry may be -1."""
+    try:
+        shape = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or any(s == 0 or s < -1 for s in shape):
+        raise argparse.ArgumentTypeError(
+            f"invalid mesh {text!r}: expected data,fsdp,tensor sizes such as 1,-1,1")
+    return shape
+
+
+def _mesh(shape: tuple[int, ...] | None):
+    if shape is None:
+        return None
+    from jax_routeweaver.models.sharding import make_mesh
+
+    return make_mesh(shape)
+
+
+def _add_mesh(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mesh", type=parse_mesh, default=None, metavar="D,F,T",
+                   help="shard over a (data,fsdp,tensor) device mesh, e.g. 1,-1,1 "
+                        "(default: no mesh, one device)")
+
+
+# ------------------------------------------------------------------------------ import-hf
+def _import_hf_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="Hugging Face checkpoint directory")
+    p.add_argument("ckpt_dir", type=Path, metavar="CKPT_DIR", help="policy checkpoint directory")
+    p.add_argument("--step", type=int, default=0, help="step to save as (default: 0)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="parameter dtype (default: float32)")
+    _add_mesh(p)
+
+
+def _import_hf(args: argparse.Namespace) -> int:
+    from jax_routeweaver.models.hf import CheckpointError, load_hf
+    from jax_routeweaver.rl.checkpoint import has_tokenizer, list_steps, save_policy
+
+    existing = list_steps(args.ckpt_dir)
+    if args.step in existing:  # checked before the (possibly long) load
+        raise CheckpointError(f"{args.ckpt_dir}: step {args.step} already exists "
+                              f"(steps: {existing})")
+    model = load_hf(args.hf_dir, mesh=_mesh(args.mesh), dtype=args.dtype)
+    tokenizer = args.hf_dir if has_tokenizer(args.hf_dir) else None
+    step_dir = save_policy(model, args.ckpt_dir, args.step, tokenizer_dir=tokenizer)
+    note = "with tokenizer" if tokenizer else "no tokenizer files found"
+    print(f"imported {args.hf_dir} -> {step_dir} ({model.config.param_dtype}, {note})")
+    return 0
+
+
+# ------------------------------------------------------------------------------ export-hf
+def _export_hf_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ckpt_dir", type=Path, metavar="CKPT_DIR", help="policy checkpoint directory")
+    p.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="output directory")
+    p.add_argument("--step", type=int, default=None, help="step to export (default: latest)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="dtype of the exported tensors (default: as stored)")
+    p.add_argument("--untie", action="store_true",
+                   help="write lm_head.weight even when embeddings are tied")
+    p.add_argument("--max-shard-size", type=parse_size, default=parse_size("2GB"),
+                   metavar="SIZE", help="largest safetensors file, e.g. 2GB, 500MB (default: 2GB)")
+    _add_mesh(p)
+
+
+def _export_hf(args: argparse.Namespace) -> int:
+    from jax_routeweaver.models.hf import save_hf
+    from jax_routeweaver.rl.checkpoint import TOKENIZER_DIR, restore_policy
+
+    model, step = restore_policy(args.ckpt_dir, args.step, mesh=_mesh(args.mesh),
+                                 dtype=args.dtype)
+    tokenizer = args.ckpt_dir / TOKENIZER_DIR
+    tokenizer = tokenizer if tokenizer.is_dir() else None
+    save_hf(model, args.hf_dir, tokenizer=tokenizer, max_shard_bytes=args.max_shard_size,
+            untie=args.untie)
+    note = "with tokenizer" if tokenizer else "no tokenizer stored"
+    print(f"exported {args.ckpt_dir} step {step} -> {args.hf_dir} "
+          f"({model.config.param_dtype}, {note})")
+    return 0
+
+
+# ------------------------------------------------------------------------------ quickstart
+# The embedded default, CPU and no keys. Until the RL loop lands it runs every part that exists
+# end to end: real Qwen3 tokenizer (offline), a tiny Qwen3 router born sharded over the local
+# devices, an orbax policy checkpoint and its restore, HF export checked against transformers,
+# and a chat-templated generation through the in-process JAX sampler.
+QUICKSTART_ROUTER = dict(vocab_size=151_936, hidden_size=64, intermediate_size=192, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=5_000_000.0,
+                         tie_word_embeddings=True, max_position_embeddings=4096,
+                         bos_token_id=151_643, eos_token_id=151_645, pad_token_id=151_643)
+
+
+def _quickstart_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("runs/quickstart"),
+                   help="output directory (default: runs/quickstart; replaced if it exists)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    import shutil
+
+    import jax
+    import numpy as np
+    import torch
+    from flax import nnx
+    from rich.console import Console
+    from rich.table import Table
+    from transformers import AutoModelForCausalLM
+
+    from jax_routeweaver.models.config import ModelConfig
+    from jax_routeweaver.models.hf import save_hf
+    from jax_routeweaver.models.qwen3 import Qwen3
+    from jax_routeweaver.models.sharding import create_sharded, describe, make_mesh
+    from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+    from jax_routeweaver.rl.checkpoint import restore_policy, save_policy
+    from jax_routeweaver.sampling.base import SamplingParams
+    from jax_routeweaver.sampling.jax_sampler import JaxSampler
+
+    console = Console()
+    shutil.rmtree(args.out, ignore_errors=True)
+    table = Table("stage", "result")
+    tokenizer = build_qwen3_tokenizer()
+    tokenizer.save_pretrained(str(args.out / "tokenizer"))
+    table.add_row("tokenizer", f"Qwen3, {len(tokenizer):,} tokens (built offline)")
+
+    cfg = ModelConfig(**QUICKSTART_ROUTER)
+    mesh = make_mesh((1, -1, 1))
+    model = create_sharded(lambda: Qwen3(cfg, rngs=nnx.Rngs(args.seed)), mesh)
+    n_params = sum(int(np.prod(shape)) for shape, _ in describe(model).values())
+    table.add_row("router", f"tiny Qwen3, {n_params:,} params on mesh {dict(mesh.shape)}")
+
+    save_policy(model, args.out / "checkpoints", 0, tokenizer_dir=args.out / "tokenizer")
+    model, step = restore_policy(args.out / "checkpoints", mesh=mesh)
+    table.add_row("orbax", f"saved and restored step {step} ({args.out / 'checkpoints'})")
+
+    messages = [{"role": "user", "content": "Which worker should answer: what is 17 * 23?"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    save_hf(model, args.out / "hf", tokenizer=args.out / "tokenizer")
+    hf_model = AutoModelForCausalLM.from_pretrained(args.out / "hf").eval()
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([ids])).logits.numpy()
+    ours, _ = model(*(jax.numpy.asarray(a) for a in ([ids], [list(range(len(ids)))],
+                                                     [[1] * len(ids)])))
+    diff = float(np.abs(np.asarray(ours) - ref).max())
+    table.add_row("HF export", f"{args.out / 'hf'}; transformers logits max |diff| {diff:.2e}")
+
+    sampler = JaxSampler(model, decode=tokenizer.decode, pad_id=cfg.pad_token_id)
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=args.max_new_tokens,
+                            stop_token_ids=(cfg.eos_token_id,),
+                            stop_strings=("</route>", "</answer>"), seed=args.seed)
+    out = sampler.generate([ids], params)[0]
+    table.add_row("sampler", f"{len(out.token_ids)} tokens, finish={out.finish_reason}, "
+                             f"mean logprob {np.mean(out.logprobs):.2f}")
+    console.print(table)
+    console.print("[bold]generation[/] (random weights: expect noise)",
+                  repr(tokenizer.decode(out.token_ids)))
+    return 0 if diff < 1e-4 else 1
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("import-hf", "convert a Hugging Face checkpoint into a policy checkpoint step",
+            _import_hf_arguments, _import_hf),
+    Command("export-hf", "write a policy checkpoint step as a Hugging Face checkpoint",
+            _export_hf_arguments, _export_hf),
+    Command("quickstart", "run the embedded default on CPU (no keys, nothing downloaded)",
+            _quickstart_arguments, _quickstart),
+)
+
+
+# ------------------------------------------------------------------------------ main
+def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Train LLM routers with RL in JAX/Flax.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show library logs (orbax, jax)")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on error, raise with the full traceback instead of one line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in commands:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(run=cmd.run)
+    return parser
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    # Orbax logs through absl at WARNING for routine things (read-only managers); a CLI user
+    # only needs our one-line summary unless asked.
+    level = logging.INFO if verbose else logging.ERROR
+    for name in ("absl", "orbax", "jax"):
+        logging.getLogger(name).setLevel(level)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `routeweaver` command line; returns the exit code (argparse errors: 2)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) and usage errors (2): return, so callers get a code
+        return e.code if isinstance(e.code, int) else EXIT_ERROR
+    _quiet_libraries(args.verbose)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        # CheckpointError, ConfigError and ShardingError are ValueErrors.
+        if args.traceback:
+            raise
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _one_line(e: BaseException, limit: int = 1000) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+if __name__ == "__main__":
+    sys.exit(main())

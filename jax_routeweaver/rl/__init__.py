@@ -1,0 +1,1 @@
+"""RL training: policy checkpoints (and, later, losses, advantages and the training loop)."""

@@ -1,0 +1,376 @@
+"""Policy checkpoints: the parameters of a `Qwen3` per training step, managed by orbax.
+
+Layout of a checkpoint directory::
+
+    CKPT_DIR/
+      <step>/                  one per saved step (orbax `CheckpointManager`, plain step names)
+        params/                item `params`: the nnx.Param state as a pure nested dict
+        model_config/metadata  item `model_config` (JSON): {"format": 1,
+                               "model_config": dataclasses.asdict(ModelConfig),
+                               "hf_config": the HF config.json dict (`ModelConfig.to_hf()`)}
+      tokenizer/               tokenizer files, copied once by the first save given them
+
+Every step is self-describing: restoring needs nothing outside CKPT_DIR. `model_config` is
+authoritative for restoring; `hf_config` is there for exporters and inference sidecars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+
+from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.hf import TOKENIZER_FILES, CheckpointError
+from jax_routeweaver.models.qwen3 import Qwen3
+from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, param_specs
+
+FORMAT_VERSION = 1
+PARAMS_ITEM = "params"
+CONFIG_ITEM = "model_config"
+TOKENIZER_DIR = "tokenizer"
+# Runtime options a restore may change; architecture fields come from the checkpoint only.
+RUNTIME_OPTIONS = ("compute_dtype", "scan_layers", "remat", "logprob_chunk")
+# Spelled out (it is orbax's default) because `step_dir` builds the same names.
+STEP_FORMAT = ocp.step.standard_name_format()
+_TOKENIZER_MAIN = ("tokenizer.json", "tokenizer_config.json")
+
+
+# ------------------------------------------------------------------------------ config JSON
+def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
+    """The `model_config` item stored with every step."""
+    return {"format": FORMAT_VERSION, "model_config": dataclasses.asdict(cfg),
+            "hf_config": cfg.to_hf()}
+
+
+def config_from_json(meta: Any, where: str) -> ModelConfig:
+    """Inverse of `config_to_json`; CheckpointError naming `where` if it is not one."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("model_config"), dict):
+        raise CheckpointError(f"{where}: not a policy model_config (no 'model_config' object)")
+    if meta.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{where}: format {meta.get('format')!r} is not supported "
+                              f"(expected {FORMAT_VERSION})")
+    fields = dict(meta["model_config"])
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(ModelConfig)})
+    if unknown:
+        raise CheckpointError(f"{where}: unknown model_config field(s) {unknown}")
+    try:
+        # JSON turned ModelConfig's tuples (rope_scaling pairs, eos ids) into lists.
+        return ModelConfig(**{k: _tuples(v) for k, v in fields.items()})
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: corrupt model_config ({_first_line(e)})") from e
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    """A short, one-line version of an exception (orbax messages can run to pages)."""
+    lines = str(e).strip().splitlines()
+    line = lines[0] if lines else type(e).__name__
+    return line if len(line) <= limit else line[:limit] + " ..."
+
+
+# ------------------------------------------------------------------------------ tokenizer
+def tokenizer_files(src: str | Path) -> list[Path]:
+    """The HF tokenizer files in `src`; FileNotFoundError if it has no tokenizer.json or
+    tokenizer_config.json."""
+    src = Path(src)
+    files = [src / f for f in TOKENIZER_FILES if (src / f).is_file()]
+    if not any(f.name in _TOKENIZER_MAIN for f in files):
+        raise FileNotFoundError(f"{src}: no tokenizer files ({' or '.join(_TOKENIZER_MAIN)})")
+    return files
+
+
+def has_tokenizer(src: str | Path) -> bool:
+    """Whether `src` holds HF tokenizer files (see `tokenizer_files`)."""
+    try:
+        tokenizer_files(src)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------ checkpointer
+def _handler_registry() -> ocp.handlers.CheckpointHandlerRegistry:
+    """Our items and their handlers, declared up front so metadata reads know them."""
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    for item, arg_types in ((PARAMS_ITEM, (ocp.args.StandardSave, ocp.args.StandardRestore)),
+                            (CONFIG_ITEM, (ocp.args.JsonSave, ocp.args.JsonRestore))):
+        for arg_type in arg_types:
+            registry.add(item, arg_type)
+    return registry
+
+
+class PolicyCheckpointer:
+    """Saves and restores policy steps under one CKPT_DIR (one orbax CheckpointManager).
+
+    Use it as a context manager, or call `close()`. `keep`: keep only the `keep` most recently
+    saved steps (None keeps all). `read_only=True` creates and deletes nothing (restoring,
+    sidecars) and needs the directory to exist. Orbax saves asynchronously;
+    `save(block=False)` returns once the arrays are copied off the devices, and `wait()` returns
+    once every pending step is committed on disk.
+    """
+
+    def __init__(self, ckpt_dir: str | Path, *, keep: int | None = None,
+                 read_only: bool = False):
+        # Orbax's tensorstore layer insists on absolute paths.
+        self.dir = Path(ckpt_dir).absolute()
+        self.read_only = read_only
+        if self.dir.exists() and not self.dir.is_dir():
+            raise CheckpointError(f"{self.dir}: not a directory")
+        if read_only and not self.dir.is_dir():
+            raise FileNotFoundError(f"{self.dir}: no such checkpoint directory")
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep={keep}: must be a positive number of steps or None")
+        policy = None if keep is None else ocp.checkpoint_managers.LatestN(n=keep)
+        options = ocp.CheckpointManagerOptions(create=not read_only, read_only=read_only,
+                                               step_name_format=STEP_FORMAT,
+                                               preservation_policy=policy)
+        self._manager = ocp.CheckpointManager(self.dir, options=options,
+                                              handler_registry=_handler_registry())
+
+    def __enter__(self) -> PolicyCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for pending saves, then release orbax's threads (even if a save failed)."""
+        try:
+            self._manager.wait_until_finished()
+        finally:
+            self._manager.close()
+
+    def wait(self) -> None:
+        """Block until every pending save is committed."""
+        self._manager.wait_until_finished()
+
+    # ---------------------------------------------------------------------------- steps
+    def steps(self) -> list[int]:
+        """Saved steps, ascending. A writer's list includes steps still being written (it is
+        the only writer); a reader re-reads the disk, where another process may be writing."""
+        if self.read_only:
+            self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def step_dir(self, step: int) -> Path:
+        return self.dir / STEP_FORMAT.build_name(step)
+
+    def _resolve(self, step: int | None) -> int:
+        steps = self.steps()
+        if not steps:
+            raise FileNotFoundError(f"{self.dir}: no checkpoint steps found")
+        if step is None:
+            return steps[-1]
+        if step not in steps:
+            raise FileNotFoundError(f"{self.dir}: no step {step} (available steps: {steps})")
+        return step
+
+    # ---------------------------------------------------------------------------- save
+    def save(self, model: Qwen3, step: int, *, tokenizer_dir: str | Path | None = None,
+             block: bool = True) -> Path:
+        """Save `model`'s parameters and config as `step`; returns the step directory.
+
+        CheckpointError if the step exists already. `tokenizer_dir`: copy its tokenizer files
+        to CKPT_DIR/tokenizer unless that exists (a run has one tokenizer).
+        """
+        if self.read_only:
+            raise CheckpointError(f"{self.dir}: opened read-only, cannot save step {step}")
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step={step}: must be >= 0")
+        existing = self.steps()
+        if step in existing:
+            raise CheckpointError(f"{self.dir}: step {step} already exists "
+                                  f"(steps: {existing})")
+        # Checked before writing, so a bad path does not leave a step without its tokenizer.
+        files = tokenizer_files(tokenizer_dir) if tokenizer_dir is not None else []
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        args = ocp.args.Composite(**{
+            PARAMS_ITEM: ocp.args.StandardSave(params),
+            CONFIG_ITEM: ocp.args.JsonSave(config_to_json(model.config)),
+        })
+        # force: orbax otherwise skips, silently, a step that is not newer than the latest.
+        self._manager.save(step, args=args, force=True)
+        if block:
+            self.wait()
+        if files:
+            self._copy_tokenizer(files)
+        return self.step_dir(step)
+
+    def _copy_tokenizer(self, files: list[Path]) -> None:
+        dest = self.dir / TOKENIZER_DIR
+        if dest.exists() or jax.process_index() != 0:
+            return
+        # Copy to a side directory and rename, so readers see all the files or none.
+        partial = self.dir / f".{TOKENIZER_DIR}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        for f in files:
+            shutil.copyfile(f, partial / f.name)
+        partial.rename(dest)
+
+    @property
+    def tokenizer_dir(self) -> Path | None:
+        """CKPT_DIR/tokenizer if a save stored one, else None."""
+        dest = self.dir / TOKENIZER_DIR
+        return dest if dest.is_dir() else None
+
+    # ---------------------------------------------------------------------------- restore
+    def read_config(self, step: int | None = None) -> ModelConfig:
+        """The `ModelConfig` stored with `step` (default: latest)."""
+        step = self._resolve(step)
+        where = f"{self.step_dir(step)}/{CONFIG_ITEM}"
+        args = ocp.args.Composite(**{CONFIG_ITEM: ocp.args.JsonRestore()})
+        try:
+            meta = self._manager.restore(step, args=args)[CONFIG_ITEM]
+        except (KeyError, FileNotFoundError) as e:
+            raise CheckpointError(f"{where}: missing ({_first_line(e)})") from e
+        except ValueError as e:  # includes json.JSONDecodeError
+            raise CheckpointError(f"{where}: corrupt ({_first_line(e)})") from e
+        return config_from_json(meta, where)
+
+    def restore(self, step: int | None = None, *, mesh: Mesh | None = None,
+                rules: Rules = TRAIN_RULES, dtype: str | None = None,
+                **runtime: Any) -> tuple[Qwen3, int]:
+        """Rebuild the model of `step` (default: latest); returns (model, step).
+
+        With `mesh`, each array is read straight into its sharding from `param_specs(rules)`;
+        without, onto one local device. `dtype` sets the parameter (and, unless
+        `compute_dtype` is given, compute) dtype, cast while reading. `runtime`: any of
+        RUNTIME_OPTIONS. Raises FileNotFoundError for a missing step (naming the available
+        ones) and CheckpointError for a missing or corrupt item.
+        """
+        step = self._resolve(step)
+        cfg = _with_runtime(self.read_config(step), dtype, runtime)
+        abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
+        graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+        target = abstract_params(abstract, mesh, rules)
+        where = f"{self.step_dir(step)}/{PARAMS_ITEM}"
+        # Compared first: orbax's own mismatch errors are pages long and leave threads behind.
+        _check_shapes(self._stored_params(step, where), _flatten(target), where)
+        args = ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardRestore(target)})
+        try:
+            restored = self._manager.restore(step, args=args)[PARAMS_ITEM]
+        except (KeyError, FileNotFoundError) as e:
+            raise CheckpointError(f"{where}: missing ({_first_line(e)})") from e
+        except ValueError as e:
+            raise CheckpointError(f"{where}: does not match its model_config "
+                                  f"({_first_line(e)})") from e
+        nnx.replace_by_pure_dict(params, restored)
+        return nnx.merge(graphdef, params, rest), step
+
+
+    def _stored_params(self, step: int, where: str) -> dict[tuple[str, ...], Any]:
+        """path -> stored array metadata (shape, dtype) of `step`'s params, read cheaply."""
+        try:
+            stored = self._manager.item_metadata(step)[PARAMS_ITEM]
+        except (KeyError, FileNotFoundError, ValueError) as e:
+            raise CheckpointError(f"{where}: missing or unreadable ({_first_line(e)})") from e
+        if stored is None:
+            raise CheckpointError(f"{where}: missing")
+        return _flatten(getattr(stored, "tree", stored))
+
+
+def _flatten(tree: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Nested dict -> {path: leaf}."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    return {p: leaf for k, v in tree.items() for p, leaf in _flatten(v, (*prefix, k)).items()}
+
+
+def _check_shapes(stored: dict[tuple[str, ...], Any], want: dict[tuple[str, ...], Any],
+                  where: str) -> None:
+    """CheckpointError naming the parameter if the stored arrays do not fit the model."""
+    name = ".".join
+    missing = sorted(name(p) for p in set(want) - set(stored))
+    extra = sorted(name(p) for p in set(stored) - set(want))
+    if missing or extra:
+        raise CheckpointError(f"{where}: does not match its model_config (missing {missing}, "
+                              f"unexpected {extra})")
+    for path, target in want.items():
+        shape = tuple(stored[path].shape)
+        if shape != tuple(target.shape):
+            raise CheckpointError(f"{where}: does not match its model_config ({name(path)} "
+                                  f"has shape {list(shape)}, expected {list(target.shape)})")
+
+
+def _with_runtime(cfg: ModelConfig, dtype: str | None, runtime: dict[str, Any]) -> ModelConfig:
+    """Apply restore-time options the way `load_hf` does (`dtype` also sets compute dtype)."""
+    unknown = sorted(set(runtime) - set(RUNTIME_OPTIONS))
+    if unknown:
+        raise ValueError(f"{unknown}: not runtime options (allowed: {list(RUNTIME_OPTIONS)})")
+    changes = dict(runtime)
+    compute = changes.pop("compute_dtype", None)
+    if dtype is not None:
+        changes["param_dtype"] = dtype
+    if compute or dtype:
+        changes["dtype"] = compute or dtype
+    return cfg.replace(**changes) if changes else cfg
+
+
+def abstract_params(abstract: Qwen3, mesh: Mesh | None = None,
+                    rules: Rules = TRAIN_RULES) -> dict[str, Any]:
+    """The pure-dict restore target: a `jax.ShapeDtypeStruct` with its sharding per param."""
+    if mesh is None:
+        one_device = SingleDeviceSharding(jax.local_devices()[0])
+        sharding = lambda path: one_device
+    else:
+        specs = param_specs(abstract, rules, mesh)
+        sharding = lambda path: NamedSharding(mesh, specs[path])
+
+    def leaf(keys: tuple, x: Any) -> jax.ShapeDtypeStruct:
+        path = tuple(k.key for k in keys)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding(path))
+
+    pure = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    return jax.tree_util.tree_map_with_path(leaf, pure)
+
+
+# ------------------------------------------------------------------------------ functions
+def save_policy(model: Qwen3, ckpt_dir: str | Path, step: int, *,
+                tokenizer_dir: str | Path | None = None, keep: int | None = None) -> Path:
+    """Save `model` as `step` of `ckpt_dir` (created if needed) and wait until it is on disk.
+
+    Returns the step directory. See `PolicyCheckpointer.save`.
+    """
+    with PolicyCheckpointer(ckpt_dir, keep=keep) as ckpt:
+        return ckpt.save(model, step, tokenizer_dir=tokenizer_dir)
+
+
+def restore_policy(ckpt_dir: str | Path, step: int | None = None, *, mesh: Mesh | None = None,
+                   rules: Rules = TRAIN_RULES, dtype: str | None = None,
+                   **runtime: Any) -> tuple[Qwen3, int]:
+    """(model, step) from `ckpt_dir` (latest step by default). See `PolicyCheckpointer.restore`.
+
+    FileNotFoundError names the directory (and the available steps for a missing step).
+    """
+    with PolicyCheckpointer(ckpt_dir, read_only=True) as ckpt:
+        return ckpt.restore(step, mesh=mesh, rules=rules, dtype=dtype, **runtime)
+
+
+def list_steps(ckpt_dir: str | Path) -> list[int]:
+    """The committed steps of `ckpt_dir`, ascending; [] if it does not exist."""
+    if not Path(ckpt_dir).is_dir():
+        return []
+    with PolicyCheckpointer(ckpt_dir, read_only=True) as ckpt:
+        return ckpt.steps()
+
+
+def latest_step(ckpt_dir: str | Path) -> int | None:
+    """The newest committed step of `ckpt_dir`; None if it has none or does not exist."""
+    steps = list_steps(ckpt_dir)
+    return steps[-1] if steps else None

@@ -1,0 +1,471 @@
+"""`JaxSampler`: batched generation with a `Qwen3` in this process (jitted prefill + decode loop).
+
+Bucketing (so similar calls reuse compiled code): a group of prompts is left-padded to the
+smallest `prompt_buckets` entry >= its longest prompt (P) and to the smallest `batch_buckets`
+entry >= its size (B; filler rows are one-token dummies, done from the start, whose output is
+dropped). The KV cache has P + N slots, N = `new_token_bucket(max_new_tokens)` (a power of two,
+at least 16). Compiled code depends only on (B, P, N, greedy, truncated sampling) and the
+weights' shapes/shardings; temperature, top-k, top-p, max_new_tokens, stop tokens (padded to a
+power-of-two count) and the RNG key are runtime values. More prompts than the largest batch
+bucket are processed in groups; a prompt longer than the largest prompt bucket pads to a
+multiple of it. On a mesh only batch buckets divisible by the batch shards are used.
+
+Decode runs as one `lax.while_loop` on device that exits once every row hit a stop token or
+`max_new_tokens`. Stop strings need the text, so they are checked on the host every
+`stop_check_interval` steps between runs of the same compiled loop (rows found are marked done);
+the final cut is the token-space `apply_stop_strings`. Logprob contract: see `sampling.base`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jax_routeweaver.models.qwen3 import KVCache, Qwen3, init_cache
+from jax_routeweaver.models.sharding import (
+    SAMPLE_RULES,
+    Rules,
+    ShardingError,
+    logical_to_spec,
+    param_specs,
+)
+from jax_routeweaver.sampling.base import (
+    Completion,
+    Decode,
+    SamplingParams,
+    apply_stop_strings,
+    check_version,
+)
+
+DEFAULT_PROMPT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MIN_NEW_TOKEN_BUCKET = 16
+
+FlatParams = dict[tuple[Any, ...], jax.Array]
+
+
+class DecodeState(NamedTuple):
+    """Carry of the decode loop (B batch bucket, N new-token bucket, V vocab)."""
+
+    cache: KVCache
+    logits: jax.Array       # [B, V] fp32: the model's logits for the next token
+    tokens: jax.Array       # [B, N] int32: sampled tokens (pad_id once a row is done)
+    logprobs: jax.Array     # [B, N] fp32 (0 once a row is done)
+    lengths: jax.Array      # [B] int32: tokens generated so far per row
+    prompt_lens: jax.Array  # [B] int32: real prompt tokens = position of generated token 0
+    done: jax.Array         # [B] bool
+    stopped: jax.Array      # [B] bool: ended by a stop token
+    step: jax.Array         # [] int32: sampling steps taken (rows advance in lockstep)
+
+
+class SampleArgs(NamedTuple):
+    """Runtime (traced, not static) sampling knobs."""
+
+    temperature: jax.Array  # [] fp32, > 0 (greedy is a static flag instead)
+    top_k: jax.Array        # [] int32, <= 0 = off
+    top_p: jax.Array        # [] fp32 in (0, 1]
+    max_new: jax.Array      # [] int32
+    stop_ids: jax.Array     # [S] int32, padded with -1
+    key: jax.Array          # PRNG key; step t uses fold_in(key, t)
+
+
+# ------------------------------------------------------------------------------ pure helpers
+def new_token_bucket(max_new_tokens: int) -> int:
+    """Static decode length for `max_new_tokens`: the next power of two, at least 16."""
+    return max(MIN_NEW_TOKEN_BUCKET, 1 << (max_new_tokens - 1).bit_length())
+
+
+def pick_bucket(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= n; beyond the largest, the next multiple of the largest."""
+    for b in buckets:
+        if b >= n:
+            return b
+    return -(-n // buckets[-1]) * buckets[-1]
+
+
+def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int,
+             pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Left-pad prompts into `[batch, length]` arrays: tokens, mask, positions, plus lengths [B].
+
+    Rows past `len(prompts)` are one-token dummies (`pad_id`) so every row has a real token.
+    Positions count real tokens only (`cumsum(mask) - 1`, 0 on padding), as in HF.
+    """
+    tokens = np.full((batch, length), pad_id, np.int32)
+    mask = np.zeros((batch, length), bool)
+    lens = np.ones((batch,), np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, length - len(p):] = p
+        mask[i, length - len(p):] = True
+        lens[i] = len(p)
+    mask[len(prompts):, -1] = True
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    return tokens, mask, positions, lens
+
+
+def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array,
+                  top_p: jax.Array, *, greedy: bool,
+                  truncate: bool) -> tuple[jax.Array, jax.Array]:
+    """logits `[B, V]` -> (tokens `[B]` int32, logprobs `[B]` fp32).
+
+    greedy: argmax, logprob under temperature 1. Otherwise sample from softmax(logits / T),
+    restricted (when `truncate`) to the top_k tokens (top_k <= 0: all) and then to the smallest
+    prefix of those, by probability renormalised after top-k, whose mass reaches top_p (always
+    at least the top token). The logprob is log_softmax(logits / T) before truncation.
+    """
+    logits = logits.astype(jnp.float32)
+    if greedy:
+        tokens = jnp.argmax(logits, axis=-1)
+        return tokens.astype(jnp.int32), _take(jax.nn.log_softmax(logits, axis=-1), tokens)
+    scaled = logits / temperature
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    if truncate:
+        tokens = _truncated_sample(scaled, key, top_k, top_p)
+    else:
+        tokens = jax.random.categorical(key, scaled, axis=-1)
+    return tokens.astype(jnp.int32), _take(logp, tokens)
+
+
+def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
+
+
+def _truncated_sample(scaled: jax.Array, key: jax.Array, top_k: jax.Array,
+                      top_p: jax.Array) -> jax.Array:
+    # Sort descending once and sample a rank: top-k and top-p are both prefixes of that order.
+    # argsort is stable, so equal logits keep the lower id first, like argmax.
+    order = jnp.argsort(-scaled, axis=-1)
+    vals = jnp.take_along_axis(scaled, order, axis=-1)
+    rank = jnp.arange(scaled.shape[-1])
+    keep = (top_k <= 0) | (rank < top_k)
+    vals = jnp.where(keep, vals, -jnp.inf)
+    probs = jax.nn.softmax(vals, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    # top_p == 1 keeps everything even if rounding makes the cumulative sum reach 1 early.
+    keep &= (top_p >= 1) | (mass_before < top_p)
+    picked = jax.random.categorical(key, jnp.where(keep, vals, -jnp.inf), axis=-1)
+    return _take(order, picked)
+
+
+# ------------------------------------------------------------------------------ sampler
+class JaxSampler:
+    """Generates with a `Qwen3` on this process's devices; implements `sampling.base.Sampler`.
+
+    `decode` (token ids -> text) is needed only for stop strings. With `mesh`, parameters are
+    placed by `rules` (default SAMPLE_RULES: tensor parallel, replicated over fsdp), the batch
+    is split over the `batch` rule and the KV cache over batch and kv heads. The sampler keeps
+    its own reference to the weights (aliasing the given model's arrays when no move is needed;
+    don't donate them elsewhere); `update_weights` copies. With stop strings the host checks
+    the text every `stop_check_interval` decode steps and ends finished rows' work.
+
+    `trace_count` counts traces of the compiled functions (each one a compile): tests and logs
+    use it to check that calls within a bucket reuse compiled code.
+    """
+
+    def __init__(self, model: Qwen3, *, decode: Decode | None = None, pad_id: int = 0,
+                 mesh: Mesh | None = None, rules: Rules = SAMPLE_RULES,
+                 prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+                 cache_dtype: str | None = None, policy_version: int = 0,
+                 stop_check_interval: int = 32):
+        self.config = model.config
+        if not 0 <= pad_id < self.config.vocab_size:
+            raise ValueError(f"pad_id={pad_id} outside the vocabulary [0, "
+                             f"{self.config.vocab_size})")
+        if stop_check_interval < 1:
+            raise ValueError(f"stop_check_interval={stop_check_interval} must be >= 1")
+        self._decode_text = decode
+        self._pad_id = pad_id
+        self._mesh = mesh
+        self._rules = rules
+        self._cache_dtype = cache_dtype
+        self._stop_check_interval = stop_check_interval
+        self._prompt_buckets = _check_buckets("prompt_buckets", prompt_buckets)
+        self._batch_buckets = self._usable_batch_buckets(_check_buckets("batch_buckets",
+                                                                        batch_buckets))
+        self._version = int(policy_version)
+        self._rng = np.random.default_rng()
+        self.trace_count = 0
+        self._graphdef, state = nnx.split(model)
+        self._specs = param_specs(model, rules, mesh) if mesh is not None else {}
+        self._params = self._place({p: v.get_value() for p, v in nnx.to_flat_state(state)})
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("new_bucket",))
+        self._decode = jax.jit(self._decode_impl, static_argnames=("greedy", "truncate"),
+                               donate_argnames=("state",))
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def model(self) -> Qwen3:
+        """A `Qwen3` view of the current weights (shares the sampler's arrays)."""
+        return nnx.merge(self._graphdef, nnx.from_flat_state(self._params))
+
+    def update_weights(self, weights: nnx.Module | nnx.State, version: int) -> None:
+        """Replace the weights by those of `weights` (a same-architecture module, or the
+        `nnx.State` of its parameters), copied into this sampler's layout; compiled code is
+        kept. `version` must exceed `policy_version`; names, shapes and dtypes must match."""
+        check_version(self._version, version)
+        new = _flat_arrays(weights)
+        missing = sorted(set(self._params) - set(new))
+        extra = sorted(set(new) - set(self._params))
+        if missing or extra:
+            raise ValueError(f"update_weights: parameter names differ (missing {missing[:4]}, "
+                             f"unexpected {extra[:4]})")
+        for path, old in self._params.items():
+            got = new[path]
+            if tuple(got.shape) != tuple(old.shape) or got.dtype != old.dtype:
+                raise ValueError(f"update_weights: {'.'.join(map(str, path))} is "
+                                 f"{got.dtype}{list(got.shape)}, expected "
+                                 f"{old.dtype}{list(old.shape)}")
+        self._params = {p: jax.device_put(new[p], old.sharding, may_alias=False)
+                        for p, old in self._params.items()}
+        self._version = version
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams) -> list[Completion]:
+        """One Completion per prompt (token ids), in order, all stamped with policy_version."""
+        prompts = self._check_prompts(prompts)
+        if params.stop_strings and self._decode_text is None:
+            raise ValueError("SamplingParams.stop_strings need JaxSampler(decode=...) to "
+                             "turn tokens into text")
+        if not prompts:
+            return []
+        seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
+        # jax seeds are 32-bit without x64: fold the high bits in so big seeds stay distinct.
+        key = jax.random.fold_in(jax.random.key(seed % 2**32), (seed >> 32) % 2**32)
+        version = self._version
+        # Similar lengths together: less padding per group.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        size = self._batch_buckets[-1]
+        out: list[Completion | None] = [None] * len(prompts)
+        for g, start in enumerate(range(0, len(order), size)):
+            idx = order[start:start + size]
+            group = self._generate_group([prompts[i] for i in idx], params,
+                                         jax.random.fold_in(key, g), version)
+            for i, completion in zip(idx, group, strict=True):
+                out[i] = completion
+        return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ host side
+    def _generate_group(self, prompts: list[list[int]], params: SamplingParams,
+                        key: jax.Array, version: int) -> list[Completion]:
+        n = len(prompts)
+        batch = pick_bucket(n, self._batch_buckets)
+        length = pick_bucket(max(map(len, prompts)), self._prompt_buckets)
+        arrays = left_pad(prompts, batch, length, self._pad_id)
+        tokens, mask, positions, lens = (self._put_batch(a) for a in arrays)
+        real = self._put_batch(np.arange(batch) < n)
+        state = self._prefill(self._params, tokens, mask, positions, lens, real,
+                              new_bucket=new_token_bucket(params.max_new_tokens))
+        state = self._run_decode(state, params, key, n)
+        host = jax.device_get((state.tokens, state.logprobs, state.lengths, state.stopped))
+        return [self._completion(host, i, params, version) for i in range(n)]
+
+    def _run_decode(self, state: DecodeState, params: SamplingParams, key: jax.Array,
+                    n: int) -> DecodeState:
+        """Run the compiled loop to the end; with stop strings, in chunks with host checks."""
+        args = self._sample_args(params, key)
+        greedy = params.is_greedy
+        truncate = not greedy and (params.top_k_enabled or params.top_p_enabled)
+        total = params.max_new_tokens
+        chunk = self._stop_check_interval if params.stop_strings else total
+        limit = 0
+        while limit < total:
+            limit = min(limit + chunk, total)
+            state = self._decode(self._params, state, np.int32(limit), args, greedy=greedy,
+                                 truncate=truncate)
+            if limit < total:
+                done = self._stop_string_done(state, params, n)
+                if done[:n].all():
+                    break
+                # Same sharding as before, so the next call reuses the compiled loop.
+                state = state._replace(done=jax.device_put(done, state.done.sharding))
+        return state
+
+    def _stop_string_done(self, state: DecodeState, params: SamplingParams,
+                          n: int) -> np.ndarray:
+        """`state.done` [B] plus the rows whose text so far contains a stop string."""
+        tokens, lengths, done = jax.device_get((state.tokens, state.lengths, state.done))
+        done = np.array(done)
+        for i in range(n):
+            if not done[i]:
+                text = self._decode_text(tokens[i, :lengths[i]].tolist())
+                done[i] = any(s in text for s in params.stop_strings)
+        return done
+
+    def _completion(self, host: tuple[np.ndarray, ...], i: int, params: SamplingParams,
+                    version: int) -> Completion:
+        tokens, logprobs, lengths, stopped = host
+        n = int(lengths[i])
+        ids = tokens[i, :n].tolist()
+        completion = Completion(ids, logprobs[i, :n].tolist(),
+                                "stop_token" if stopped[i] else "length",
+                                ids[-1] if stopped[i] else None, version)
+        if params.stop_strings:
+            completion = apply_stop_strings(completion, self._decode_text, params.stop_strings)
+        return completion
+
+    def _sample_args(self, params: SamplingParams, key: jax.Array) -> SampleArgs:
+        stops = sorted(set(params.stop_token_ids))
+        # A power-of-two count (>= 1), padded with -1, so the stop list rarely retraces.
+        stop_ids = np.full((1 << max(len(stops) - 1, 0).bit_length(),), -1, np.int32)
+        stop_ids[:len(stops)] = stops
+        temperature = 1.0 if params.is_greedy else params.temperature
+        return SampleArgs(np.float32(temperature), np.int32(max(params.top_k, 0)),
+                          np.float32(params.top_p), np.int32(params.max_new_tokens), stop_ids,
+                          key)
+
+    def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        vocab = self.config.vocab_size
+        out = []
+        for i, p in enumerate(prompts):
+            p = [int(t) for t in p]
+            if not p:
+                raise ValueError(f"prompt {i} is empty (need at least one token)")
+            bad = [t for t in p if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt {i}: token ids {bad[:5]} outside [0, {vocab})")
+            out.append(p)
+        return out
+
+    # ------------------------------------------------------------------ placement
+    def _usable_batch_buckets(self, buckets: tuple[int, ...]) -> tuple[int, ...]:
+        shards = self._batch_shards()
+        usable = tuple(b for b in buckets if b % shards == 0)
+        if not usable:
+            raise ValueError(f"batch_buckets={buckets}: none is a multiple of the {shards} "
+                             "batch shards of the mesh")
+        return usable
+
+    def _batch_axes(self) -> Any:
+        return logical_to_spec(("batch",), self._rules)[0]
+
+    def _batch_shards(self) -> int:
+        if self._mesh is None:
+            return 1
+        axes = self._batch_axes()
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        return math.prod(self._mesh.shape[a] for a in axes)
+
+    def _sharding(self, *spec: Any) -> NamedSharding | None:
+        return None if self._mesh is None else NamedSharding(self._mesh, PartitionSpec(*spec))
+
+    def _put_batch(self, a: np.ndarray) -> jax.Array:
+        if self._mesh is None:
+            return jnp.asarray(a)
+        return jax.device_put(a, self._sharding(self._batch_axes(), *(None,) * (a.ndim - 1)))
+
+    def _place(self, flat: FlatParams) -> FlatParams:
+        """Parameters laid out by `rules` on the mesh (unchanged without one)."""
+        if self._mesh is None:
+            return flat
+        replicated = PartitionSpec()
+        return {p: jax.device_put(v, NamedSharding(self._mesh, self._specs.get(p, replicated)))
+                for p, v in flat.items()}
+
+    def _constrain(self, state: DecodeState) -> DecodeState:
+        """Pin the loop carry's layout: batch over the batch rule, kv heads over theirs."""
+        if self._mesh is None:
+            return state
+        b = self._batch_axes()
+        rows, vec = self._sharding(b, None), self._sharding(b)
+        shardings = DecodeState(self._cache_shardings(state.cache.k.shape), rows, rows, rows,
+                                vec, vec, vec, vec, self._sharding())
+        return jax.lax.with_sharding_constraint(state, shardings)
+
+    def _constrain_cache(self, cache: KVCache) -> KVCache:
+        if self._mesh is None:
+            return cache
+        return jax.lax.with_sharding_constraint(cache, self._cache_shardings(cache.k.shape))
+
+    def _cache_shardings(self, shape: tuple[int, ...]) -> KVCache:
+        """k, v `[L, B, S, K, H]`: batch over the batch rule, K over kv_heads' (if it divides);
+        valid `[B, S]` over batch; index replicated."""
+        axes = (None, "batch", None, "kv_heads", None)
+        try:
+            spec = logical_to_spec(axes, self._rules, mesh=self._mesh, shape=shape, name="cache")
+        except ShardingError:
+            # kv heads not divisible by the tensor axis: keep them whole on every shard.
+            spec = logical_to_spec((*axes[:3], None, None), self._rules)
+        kv = NamedSharding(self._mesh, spec)
+        return KVCache(kv, kv, self._sharding(self._batch_axes(), None), self._sharding())
+
+    # ------------------------------------------------------------------ device side
+    def _merge(self, params: FlatParams) -> Qwen3:
+        return nnx.merge(self._graphdef, nnx.from_flat_state(params))
+
+    def _prefill_impl(self, params: FlatParams, tokens: jax.Array, mask: jax.Array,
+                      positions: jax.Array, prompt_lens: jax.Array, real: jax.Array, *,
+                      new_bucket: int) -> DecodeState:
+        """Run the padded prompts `[B, P]` through the model into a fresh `P + new_bucket`
+        cache; the initial loop state (dummy rows already done)."""
+        self.trace_count += 1
+        model = self._merge(params)
+        B, P = tokens.shape
+        cache = init_cache(self.config, B, P + new_bucket, self._cache_dtype)
+        cache = self._constrain_cache(cache)
+        hidden, cache = model.hidden_states(tokens, positions, mask, cache)
+        logits = model.logits(hidden[:, -1])  # left padding: the last slot is real in every row
+        state = DecodeState(
+            cache, logits, jnp.full((B, new_bucket), self._pad_id, jnp.int32),
+            jnp.zeros((B, new_bucket), jnp.float32), jnp.zeros((B,), jnp.int32),
+            prompt_lens.astype(jnp.int32), ~real, jnp.zeros((B,), bool), jnp.zeros((), jnp.int32))
+        return self._constrain(state)
+
+    def _decode_impl(self, params: FlatParams, state: DecodeState, limit: jax.Array,
+                     args: SampleArgs, *, greedy: bool, truncate: bool) -> DecodeState:
+        """Sample until step == min(limit, max_new) or every row is done."""
+        self.trace_count += 1
+        model = self._merge(params)
+        pad = self._pad_id
+
+        def cond(s: DecodeState) -> jax.Array:
+            return (s.step < jnp.minimum(limit, args.max_new)) & ~jnp.all(s.done)
+
+        def body(s: DecodeState) -> DecodeState:
+            key = jax.random.fold_in(args.key, s.step)
+            tok, lp = sample_logits(s.logits, key, args.temperature, args.top_k, args.top_p,
+                                    greedy=greedy, truncate=truncate)
+            active = ~s.done
+            tok = jnp.where(active, tok, pad)
+            lp = jnp.where(active, lp, 0.0)
+            hit = active & jnp.any(tok[:, None] == args.stop_ids[None, :], axis=-1)
+            hidden, cache = model.hidden_states(
+                tok[:, None], (s.prompt_lens + s.step)[:, None],
+                jnp.ones((tok.shape[0], 1), bool), s.cache)
+            new = DecodeState(
+                cache, model.logits(hidden[:, 0]),
+                jax.lax.dynamic_update_slice(s.tokens, tok[:, None], (0, s.step)),
+                jax.lax.dynamic_update_slice(s.logprobs, lp[:, None], (0, s.step)),
+                s.lengths + active.astype(jnp.int32), s.prompt_lens,
+                s.done | hit | (s.step + 1 >= args.max_new), s.stopped | hit, s.step + 1)
+            return self._constrain(new)
+
+        return jax.lax.while_loop(cond, body, state)
+
+
+def _check_buckets(name: str, buckets: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(sorted(set(int(b) for b in buckets)))
+    if not out or out[0] < 1:
+        raise ValueError(f"{name}={tuple(buckets)} must be a non-empty set of positive ints")
+    return out
+
+
+def _flat_arrays(weights: nnx.Module | nnx.State) -> FlatParams:
+    """{path: array} of a module's state or of an `nnx.State` (Variable or array leaves)."""
+    if isinstance(weights, nnx.Module):
+        weights = nnx.state(weights)
+    if not isinstance(weights, nnx.State):
+        raise TypeError(f"update_weights: expected an nnx.Module or nnx.State, got "
+                        f"{type(weights).__name__}")
+    return {p: v.get_value() if isinstance(v, nnx.Variable) else v
+            for p, v in nnx.to_flat_state(weights)}
+

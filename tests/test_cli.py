@@ -1,0 +1,175 @@
+"""`routeweaver` CLI: import-hf -> export-hf is bit-identical and loads in transformers; the
+console script runs; errors are one line and exit code 2."""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+from tiny_models import make_hf_model
+from transformers import AutoModelForCausalLM
+
+from jax_routeweaver.cli import main, parse_mesh, parse_size
+from jax_routeweaver.rl.checkpoint import list_steps
+
+TOKENIZER_JSON = '{"version": "1.0", "model": {"type": "WordLevel"}}'
+
+
+def tensors(directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor of an HF checkpoint dir, whether single-file or sharded."""
+    out: dict[str, np.ndarray] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        part = load_file(f)
+        assert not set(part) & set(out), f"tensor stored twice ({f.name})"
+        out.update(part)
+    return out
+
+
+def torch_logits(model, seed: int = 0) -> np.ndarray:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=generator)
+    with torch.no_grad():
+        return model(input_ids=ids).logits.numpy()
+
+
+@pytest.fixture
+def hf_model(tmp_path):
+    """(saved dir, torch model) of a tiny untied Qwen3 with tokenizer files beside it."""
+    path = tmp_path / "hf"
+    model = make_hf_model(path)
+    (path / "tokenizer.json").write_text(TOKENIZER_JSON)
+    (path / "tokenizer_config.json").write_text('{"model_max_length": 256}')
+    return path, model
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    """main(argv) -> (exit code, its stdout, its stderr)."""
+    capsys.readouterr()  # drop what fixtures printed (transformers' progress bars)
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_import_then_export_is_bit_identical(tmp_path, capsys, hf_model):
+    hf_dir, original = hf_model
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    code, stdout, err = run(capsys, "import-hf", hf_dir, ckpt, "--step", 4)
+    assert (code, err) == (0, "")
+    assert "imported" in stdout and "with tokenizer" in stdout
+    assert list_steps(ckpt) == [4]
+    # 100KB < total size: exercises the sharded writer and the size parser.
+    code, stdout, err = run(capsys, "export-hf", ckpt, out, "--max-shard-size", "100KB")
+    assert (code, err) == (0, "")
+    assert "step 4" in stdout
+
+    assert (out / "model.safetensors.index.json").is_file()
+    want, got = tensors(hf_dir), tensors(out)
+    assert sorted(got) == sorted(want)
+    for name, a in want.items():
+        assert (got[name].dtype, got[name].shape) == (a.dtype, a.shape), name
+        assert got[name].tobytes() == a.tobytes(), name
+    assert (out / "tokenizer.json").read_text() == TOKENIZER_JSON
+
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    np.testing.assert_allclose(torch_logits(exported), torch_logits(original), atol=1e-5, rtol=0)
+
+
+def test_tied_model_on_a_mesh_exports_untied(tmp_path, capsys, devices):
+    hf_dir = tmp_path / "hf"
+    original = make_hf_model(hf_dir, seed=1, tie_word_embeddings=True)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    assert run(capsys, "import-hf", hf_dir, ckpt, "--mesh", "2,2,2")[0] == 0
+    code, stdout, _ = run(capsys, "export-hf", ckpt, out, "--untie", "--mesh", "1,-1,1")
+    assert code == 0 and "no tokenizer stored" in stdout
+
+    want, got = tensors(hf_dir), tensors(out)
+    want.pop("lm_head.weight", None)  # transformers may or may not store the tied copy
+    assert sorted(got) == sorted([*want, "lm_head.weight"])
+    for name, a in want.items():
+        assert got[name].tobytes() == a.tobytes(), name
+    np.testing.assert_array_equal(got["lm_head.weight"], want["model.embed_tokens.weight"])
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert exported.config.tie_word_embeddings is False
+    np.testing.assert_allclose(torch_logits(exported), torch_logits(original), atol=1e-5, rtol=0)
+
+
+def test_export_from_empty_dir_fails_with_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, stdout, err = run(capsys, "export-hf", empty, tmp_path / "out")
+    assert code == 2
+    assert stdout == ""
+    assert err.startswith("routeweaver: error: ") and str(empty) in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_errors_exit_2(tmp_path, capsys, tiny_hf_dir):
+    missing = tmp_path / "missing"
+    code, _, err = run(capsys, "export-hf", missing, tmp_path / "out")
+    assert code == 2 and f"{missing}: no such checkpoint directory" in err
+    code, _, err = run(capsys, "import-hf", missing, tmp_path / "ckpt")
+    assert code == 2 and str(missing) in err and not (tmp_path / "ckpt").exists()
+    # An existing step is refused before loading anything.
+    assert run(capsys, "import-hf", tiny_hf_dir, tmp_path / "ckpt")[0] == 0
+    code, _, err = run(capsys, "import-hf", tiny_hf_dir, tmp_path / "ckpt")
+    assert code == 2 and "step 0 already exists" in err
+    code, _, err = run(capsys, "export-hf", tmp_path / "ckpt", tmp_path / "out", "--step", 3)
+    assert code == 2 and "available steps: [0]" in err
+    # Usage errors come back as a code too (argparse's SystemExit does not escape main).
+    assert run(capsys, "export-hf", "a", "b", "--max-shard-size", "2XB")[0] == 2
+    assert run(capsys, "no-such-command")[0] == 2
+    assert run(capsys, "--help")[0] == 0
+
+
+@pytest.mark.parametrize("text, size", [
+    ("2GB", 2 * 10**9), ("500MB", 500 * 10**6), ("100KB", 100_000), ("1GiB", 2**30),
+    ("1.5kib", 1536), ("4096", 4096), ("10B", 10),
+])
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GB", "2 XB", "-1GB", "0MB", "1e3"])
+def test_parse_size_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size(text)
+
+
+def test_parse_mesh():
+    assert parse_mesh("1,-1,1") == (1, -1, 1)
+    for bad in ("1,1", "a,b,c", "1,0,1", "1,-2,1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_mesh(bad)
+
+
+@pytest.mark.integration
+def test_console_script(tmp_path):
+    script = Path(sys.executable).parent / "routeweaver"
+    assert script.is_file(), "console script missing: pip install -e . (setup.cfg entry point)"
+    help_run = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert help_run.returncode == 0, help_run.stderr
+    assert "import-hf" in help_run.stdout and "export-hf" in help_run.stdout
+    # The exit code of main() must reach the shell.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    fail = subprocess.run([script, "export-hf", tmp_path / "nope", tmp_path / "out"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert fail.returncode == 2
+    assert fail.stderr.strip() == (f"routeweaver: error: {tmp_path / 'nope'}: "
+                                   "no such checkpoint directory")
+
+
+@pytest.mark.slow
+def test_quickstart_runs_every_stage(tmp_path, capsys):
+    """The README's main job on the embedded default: exits 0 only if the HF export matches."""
+    assert main(["quickstart", "--out", str(tmp_path / "qs"), "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    for stage in ("tokenizer", "router", "orbax", "HF export", "sampler"):
+        assert stage in out
+    assert (tmp_path / "qs" / "hf" / "config.json").is_file()
+    assert (tmp_path / "qs" / "checkpoints" / "tokenizer" / "tokenizer.json").is_file()
