@@ -285,14 +285,21 @@ def save_hf(model: Qwen3, path: str | Path, *, tokenizer: Any = None,
     return path
 
 
+def tokenizer_files(src: str | Path) -> list[Path]:
+    """The HF tokenizer files in `src`; FileNotFoundError unless it has tokenizer.json or
+    tokenizer_config.json."""
+    src = Path(src)
+    files = [src / f for f in TOKENIZER_FILES if (src / f).is_file()]
+    if not any(f.name in ("tokenizer.json", "tokenizer_config.json") for f in files):
+        raise FileNotFoundError(f"{src}: no tokenizer files (tokenizer.json or "
+                                "tokenizer_config.json)")
+    return files
+
+
 def _write_tokenizer(tokenizer: Any, path: Path) -> None:
     if isinstance(tokenizer, str | os.PathLike):
-        src = Path(tokenizer)
-        copied = [f for f in TOKENIZER_FILES if (src / f).is_file()]
-        if "tokenizer.json" not in copied and "tokenizer_config.json" not in copied:
-            raise FileNotFoundError(f"{src}: no tokenizer files to copy")
-        for f in copied:
-            if (src / f).resolve() != (path / f).resolve():
-                shutil.copyfile(src / f, path / f)
+        for f in tokenizer_files(tokenizer):
+            if f.resolve() != (path / f.name).resolve():
+                shutil.copyfile(f, path / f.name)
     else:
         tokenizer.save_pretrained(str(path))

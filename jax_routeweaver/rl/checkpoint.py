@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from jax_routeweaver.models.config import ModelConfig
-from jax_routeweaver.models.hf import TOKENIZER_FILES, CheckpointError
+from jax_routeweaver.models.hf import CheckpointError, tokenizer_files
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, param_specs
 
@@ -39,7 +39,6 @@ TOKENIZER_DIR = "tokenizer"
 RUNTIME_OPTIONS = ("compute_dtype", "scan_layers", "remat", "logprob_chunk")
 # Spelled out (it is orbax's default) because `step_dir` builds the same names.
 STEP_FORMAT = ocp.step.standard_name_format()
-_TOKENIZER_MAIN = ("tokenizer.json", "tokenizer_config.json")
 
 
 # ------------------------------------------------------------------------------ config JSON
@@ -79,16 +78,6 @@ def _first_line(e: BaseException, limit: int = 300) -> str:
 
 
 # ------------------------------------------------------------------------------ tokenizer
-def tokenizer_files(src: str | Path) -> list[Path]:
-    """The HF tokenizer files in `src`; FileNotFoundError if it has no tokenizer.json or
-    tokenizer_config.json."""
-    src = Path(src)
-    files = [src / f for f in TOKENIZER_FILES if (src / f).is_file()]
-    if not any(f.name in _TOKENIZER_MAIN for f in files):
-        raise FileNotFoundError(f"{src}: no tokenizer files ({' or '.join(_TOKENIZER_MAIN)})")
-    return files
-
-
 def has_tokenizer(src: str | Path) -> bool:
     """Whether `src` holds HF tokenizer files (see `tokenizer_files`)."""
     try:
