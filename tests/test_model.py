@@ -59,6 +59,7 @@ def jax_logits(model, tokens, positions, mask) -> np.ndarray:
     return np.asarray(logits)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("arch", "overrides"),
                          [("qwen3", c) for c in PARITY_CASES.values()]
                          + [("llama", c) for c in LLAMA_CASES.values()],

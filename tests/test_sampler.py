@@ -87,6 +87,7 @@ def full_logits(model: Qwen3, prompts: list[list[int]],
 
 
 # ------------------------------------------------------------------------------ greedy
+@pytest.mark.integration
 def test_greedy_matches_transformers(sampler, reference):
     out = sampler.generate(PROMPTS, GREEDY)
     assert isinstance(sampler, Sampler)
