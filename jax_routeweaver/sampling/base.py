@@ -17,8 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
-FinishReason = Literal["stop_token", "stop_string", "length"]
-FINISH_REASONS: tuple[str, ...] = ("stop_token", "stop_string", "length")
+FinishReason = Literal["stop_token", "stop_string", "grammar", "length"]
+FINISH_REASONS: tuple[str, ...] = ("stop_token", "stop_string", "grammar", "length")
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -121,9 +121,10 @@ class Sampler(Protocol):
         """Version of the weights currently used (stamped on every Completion)."""
         ...
 
-    def generate(self, prompts: Sequence[Sequence[int]],
-                 params: SamplingParams) -> list[Completion]:
-        """One Completion per prompt, in order."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 grammars: Sequence[Any] | None = None) -> list[Completion]:
+        """One Completion per prompt, in order. `grammars`: one `constraints.Grammar` (or
+        None) per prompt; a sampler that cannot constrain raises ValueError if any is set."""
         ...
 
     def update_weights(self, weights: Any, version: int) -> None:

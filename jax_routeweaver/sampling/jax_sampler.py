@@ -43,6 +43,7 @@ from jax_routeweaver.sampling.base import (
     apply_stop_strings,
     check_version,
 )
+from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints, unpack_bitmask
 
 DEFAULT_PROMPT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -74,6 +75,7 @@ class SampleArgs(NamedTuple):
     max_new: jax.Array      # [] int32
     stop_ids: jax.Array     # [S] int32, padded with -1
     key: jax.Array          # PRNG key; step t uses fold_in(key, t)
+    allowed: jax.Array      # [B, W] int32 grammar bitmask ([1, 1] dummy when unconstrained)
 
 
 # ------------------------------------------------------------------------------ pure helpers
@@ -110,21 +112,24 @@ def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int,
 
 
 def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                  top_p: jax.Array, *, greedy: bool,
-                  truncate: bool) -> tuple[jax.Array, jax.Array]:
+                  top_p: jax.Array, *, greedy: bool, truncate: bool,
+                  allowed: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """logits `[B, V]` -> (tokens `[B]` int32, logprobs `[B]` fp32).
 
-    greedy: argmax, logprob under temperature 1. Otherwise sample from softmax(logits / T),
-    restricted (when `truncate`) to the top_k tokens (top_k <= 0: all) and then to the smallest
-    prefix of those, by probability renormalised after top-k, whose mass reaches top_p (always
-    at least the top token). The logprob is log_softmax(logits / T) before truncation.
+    `allowed` `[B, V]` bool (grammar constraints) first removes disallowed tokens. greedy:
+    argmax, logprob under temperature 1. Otherwise sample from softmax(logits / T), restricted
+    (when `truncate`) to the top_k tokens (top_k <= 0: all) and then to the smallest prefix of
+    those, by probability renormalised after top-k, whose mass reaches top_p (always at least
+    the top token). The logprob is log_softmax(logits / T) of the unrestricted logits: the
+    grammar, top-k and top-p are truncations, as in vLLM.
     """
     logits = logits.astype(jnp.float32)
+    kept = logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
     if greedy:
-        tokens = jnp.argmax(logits, axis=-1)
+        tokens = jnp.argmax(kept, axis=-1)
         return tokens.astype(jnp.int32), _take(jax.nn.log_softmax(logits, axis=-1), tokens)
-    scaled = logits / temperature
-    logp = jax.nn.log_softmax(scaled, axis=-1)
+    logp = jax.nn.log_softmax(logits / temperature, axis=-1)
+    scaled = kept / temperature
     if truncate:
         tokens = _truncated_sample(scaled, key, top_k, top_p)
     else:
@@ -173,7 +178,8 @@ class JaxSampler:
                  prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
                  cache_dtype: str | None = None, policy_version: int = 0,
-                 stop_check_interval: int = 32):
+                 stop_check_interval: int = 32,
+                 constraints: GrammarConstraints | None = None):
         self.config = model.config
         if not 0 <= pad_id < self.config.vocab_size:
             raise ValueError(f"pad_id={pad_id} outside the vocabulary [0, "
@@ -181,6 +187,10 @@ class JaxSampler:
         if stop_check_interval < 1:
             raise ValueError(f"stop_check_interval={stop_check_interval} must be >= 1")
         self._decode_text = decode
+        self._constraints = constraints
+        if constraints is not None and constraints.vocab_size != self.config.vocab_size:
+            raise ValueError(f"constraints built for vocab {constraints.vocab_size}, model has "
+                             f"{self.config.vocab_size}")
         self._pad_id = pad_id
         self._mesh = mesh
         self._rules = rules
@@ -196,7 +206,8 @@ class JaxSampler:
         self._specs = param_specs(model, rules, mesh) if mesh is not None else {}
         self._params = self._place({p: v.get_value() for p, v in nnx.to_flat_state(state)})
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("new_bucket",))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("greedy", "truncate"),
+        self._decode = jax.jit(self._decode_impl,
+                               static_argnames=("greedy", "truncate", "constrained"),
                                donate_argnames=("state",))
 
     # ------------------------------------------------------------------ protocol
@@ -229,13 +240,22 @@ class JaxSampler:
                         for p, old in self._params.items()}
         self._version = version
 
-    def generate(self, prompts: Sequence[Sequence[int]],
-                 params: SamplingParams) -> list[Completion]:
-        """One Completion per prompt (token ids), in order, all stamped with policy_version."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 grammars: Sequence[Grammar | None] | None = None) -> list[Completion]:
+        """One Completion per prompt (token ids), in order, all stamped with policy_version.
+
+        `grammars` (one per prompt, None = unconstrained) needs `constraints=` at construction;
+        a row whose grammar completes ends with finish_reason "grammar".
+        """
         prompts = self._check_prompts(prompts)
         if params.stop_strings and self._decode_text is None:
             raise ValueError("SamplingParams.stop_strings need JaxSampler(decode=...) to "
                              "turn tokens into text")
+        if grammars is not None:
+            if len(grammars) != len(prompts):
+                raise ValueError(f"{len(grammars)} grammars for {len(prompts)} prompts")
+            if self._constraints is None and any(g is not None for g in grammars):
+                raise ValueError("grammars need JaxSampler(constraints=GrammarConstraints(...))")
         if not prompts:
             return []
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
@@ -248,15 +268,17 @@ class JaxSampler:
         out: list[Completion | None] = [None] * len(prompts)
         for g, start in enumerate(range(0, len(order), size)):
             idx = order[start:start + size]
+            group_grammars = None if grammars is None else [grammars[i] for i in idx]
             group = self._generate_group([prompts[i] for i in idx], params,
-                                         jax.random.fold_in(key, g), version)
+                                         jax.random.fold_in(key, g), version, group_grammars)
             for i, completion in zip(idx, group, strict=True):
                 out[i] = completion
         return out  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ host side
     def _generate_group(self, prompts: list[list[int]], params: SamplingParams,
-                        key: jax.Array, version: int) -> list[Completion]:
+                        key: jax.Array, version: int,
+                        grammars: list[Grammar | None] | None) -> list[Completion]:
         n = len(prompts)
         batch = pick_bucket(n, self._batch_buckets)
         length = pick_bucket(max(map(len, prompts)), self._prompt_buckets)
@@ -265,30 +287,69 @@ class JaxSampler:
         real = self._put_batch(np.arange(batch) < n)
         state = self._prefill(self._params, tokens, mask, positions, lens, real,
                               new_bucket=new_token_bucket(params.max_new_tokens))
-        state = self._run_decode(state, params, key, n)
+        matchers = None
+        if grammars is not None and any(g is not None for g in grammars):
+            matchers = [None if g is None else self._constraints.matcher(g, params.stop_token_ids)
+                        for g in grammars] + [None] * (batch - n)
+        state, ended = self._run_decode(state, params, key, n, matchers)
         host = jax.device_get((state.tokens, state.logprobs, state.lengths, state.stopped))
-        return [self._completion(host, i, params, version) for i in range(n)]
+        return [self._completion(host, i, params, version, ended[i]) for i in range(n)]
 
-    def _run_decode(self, state: DecodeState, params: SamplingParams, key: jax.Array,
-                    n: int) -> DecodeState:
-        """Run the compiled loop to the end; with stop strings, in chunks with host checks."""
+    def _run_decode(self, state: DecodeState, params: SamplingParams, key: jax.Array, n: int,
+                    matchers: list | None) -> tuple[DecodeState, np.ndarray]:
+        """Run the compiled loop to the end; with stop strings, in chunks with host checks;
+        with grammars, one step at a time (the host matchers make each step's mask).
+
+        Returns the final state and which rows ended because their grammar completed."""
         args = self._sample_args(params, key)
         greedy = params.is_greedy
         truncate = not greedy and (params.top_k_enabled or params.top_p_enabled)
         total = params.max_new_tokens
-        chunk = self._stop_check_interval if params.stop_strings else total
+        constrained = matchers is not None
+        grammar_end = np.zeros(len(state.done), bool)
+        if constrained:
+            bitmask = np.empty((len(state.done), self._constraints.words), np.int32)
+            chunk = 1
+        else:
+            chunk = self._stop_check_interval if params.stop_strings else total
         limit = 0
         while limit < total:
             limit = min(limit + chunk, total)
+            if constrained:
+                self._constraints.fill(matchers, bitmask)
+                args = args._replace(allowed=self._put_batch(bitmask))
             state = self._decode(self._params, state, np.int32(limit), args, greedy=greedy,
-                                 truncate=truncate)
-            if limit < total:
-                done = self._stop_string_done(state, params, n)
-                if done[:n].all():
-                    break
-                # Same sharding as before, so the next call reuses the compiled loop.
-                state = state._replace(done=jax.device_put(done, state.done.sharding))
-        return state
+                                 truncate=truncate, constrained=constrained)
+            if limit >= total:
+                break
+            done = np.array(jax.device_get(state.done))
+            if constrained:
+                self._advance_matchers(state, matchers, limit - 1, done, grammar_end)
+            if params.stop_strings and (limit % self._stop_check_interval == 0
+                                        or not constrained):
+                done |= self._stop_string_done(state, params, n)
+            if done[:n].all():
+                break
+            # Same sharding as before, so the next call reuses the compiled loop.
+            state = state._replace(done=jax.device_put(done, state.done.sharding))
+        return state, grammar_end
+
+    @staticmethod
+    def _advance_matchers(state: DecodeState, matchers: list, step: int, done: np.ndarray,
+                          grammar_end: np.ndarray) -> None:
+        """Feed each live row's token of `step` to its matcher; a completed grammar ends the
+        row (`done`, `grammar_end` updated in place)."""
+        tokens, lengths, stopped = jax.device_get((state.tokens[:, step], state.lengths,
+                                                   state.stopped))
+        for i, m in enumerate(matchers):
+            if m is None or lengths[i] <= step or m.is_terminated():
+                continue
+            if not m.accept_token(int(tokens[i])):
+                raise RuntimeError(f"row {i}: sampled token {int(tokens[i])} rejected by its "
+                                   "grammar (mask and matcher disagree)")
+            if m.is_terminated():
+                done[i] = True
+                grammar_end[i] = not stopped[i]  # ended by a stop token: that is the reason
 
     def _stop_string_done(self, state: DecodeState, params: SamplingParams,
                           n: int) -> np.ndarray:
@@ -302,12 +363,12 @@ class JaxSampler:
         return done
 
     def _completion(self, host: tuple[np.ndarray, ...], i: int, params: SamplingParams,
-                    version: int) -> Completion:
+                    version: int, grammar_end: bool = False) -> Completion:
         tokens, logprobs, lengths, stopped = host
         n = int(lengths[i])
         ids = tokens[i, :n].tolist()
-        completion = Completion(ids, logprobs[i, :n].tolist(),
-                                "stop_token" if stopped[i] else "length",
+        reason = "stop_token" if stopped[i] else "grammar" if grammar_end else "length"
+        completion = Completion(ids, logprobs[i, :n].tolist(), reason,
                                 ids[-1] if stopped[i] else None, version)
         if params.stop_strings:
             completion = apply_stop_strings(completion, self._decode_text, params.stop_strings)
@@ -321,7 +382,7 @@ class JaxSampler:
         temperature = 1.0 if params.is_greedy else params.temperature
         return SampleArgs(np.float32(temperature), np.int32(max(params.top_k, 0)),
                           np.float32(params.top_p), np.int32(params.max_new_tokens), stop_ids,
-                          key)
+                          key, np.zeros((1, 1), np.int32))
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         vocab = self.config.vocab_size
@@ -421,11 +482,13 @@ class JaxSampler:
         return self._constrain(state)
 
     def _decode_impl(self, params: FlatParams, state: DecodeState, limit: jax.Array,
-                     args: SampleArgs, *, greedy: bool, truncate: bool) -> DecodeState:
+                     args: SampleArgs, *, greedy: bool, truncate: bool,
+                     constrained: bool) -> DecodeState:
         """Sample until step == min(limit, max_new) or every row is done."""
         self.trace_count += 1
         model = self._merge(params)
         pad = self._pad_id
+        allowed = unpack_bitmask(args.allowed, self.config.vocab_size) if constrained else None
 
         def cond(s: DecodeState) -> jax.Array:
             return (s.step < jnp.minimum(limit, args.max_new)) & ~jnp.all(s.done)
@@ -433,7 +496,7 @@ class JaxSampler:
         def body(s: DecodeState) -> DecodeState:
             key = jax.random.fold_in(args.key, s.step)
             tok, lp = sample_logits(s.logits, key, args.temperature, args.top_k, args.top_p,
-                                    greedy=greedy, truncate=truncate)
+                                    greedy=greedy, truncate=truncate, allowed=allowed)
             active = ~s.done
             tok = jnp.where(active, tok, pad)
             lp = jnp.where(active, lp, 0.0)
