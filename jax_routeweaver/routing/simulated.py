@@ -1,0 +1,1169 @@
+"""SIMULATED workers and synthetic tasks: a seeded stand-in for the six paid LLM workers.
+
+Nothing in this module calls a model or the network. `SimulatedWorkerPool` answers worker
+payloads from a table of skills, so tests and the CPU quickstart can run whole episodes
+(single, multi, agentic) offline and deterministically; `synthetic_tasks` makes questions in
+the `Record` format, with gold answers the real scorers can grade. Numbers produced with it
+say nothing about real LLMs; they only have to make the routing problem non-trivial.
+
+How a reply is decided
+----------------------
+The pool knows its tasks. For a call it (1) finds the task whose question text occurs in the
+prompt (every payload carries `Original question:` + the raw question, reference §2.4/§3.4;
+the longest matching question wins), (2) reads the role from the text *before* the question
+(the role brief: words planner / executor / verifier / summarizer, reconcile, PASS + FAIL;
+no role word -> a plain single/multi answer), (3) parses referenced outputs after the
+question (`[nK] (from ROLE)` headers) and (4) draws the outcome:
+
+* plain / executor: correct with probability p = skill[worker][domain][difficulty], raised
+  to p + g(1 - p) when the prompt contains a good plan written by a simulated planner
+  (g = plan_gain[domain][difficulty]) and by g = REVISE_GAIN * verifiability[domain] when
+  it contains a FAIL verdict (the rejected answer is then avoided). A wrong reply is a
+  plausible wrong answer (a distractor kept in `meta['sim']`, or the buggy program for CODE).
+* planner: numbered sub-tasks and a `Plan reference: P-<hex>` line, never an answer; the
+  plan is good with probability 0.5 + 0.5 * skill (the tag tells executors which).
+* verifier: `PASS`, or `FAIL` + `Location:` (naming the node and the rejected answer) +
+  `Reason:` + `Suggestion:`. A wrong candidate is caught with probability
+  verifiability[domain] * (0.4 + 0.55 * skill); a correct one is wrongly failed with
+  probability 0.15 * (1 - skill). `[execution]` feedback lines are believed.
+* summarizer: drops candidates named by a FAIL (or failing `[execution]` feedback), prefers
+  ones whose tests passed, else takes the majority (ties: first listed; with probability
+  0.1 * (1 - skill) it slips to another candidate); with nothing left it solves the task
+  itself like an executor.
+
+The uniform numbers come from a hash of (seed, purpose, worker, prompt or task), never from
+global state, so a reply depends only on (seed, worker, prompt): call order, concurrency and
+process do not matter. Correctness draws are correlated the way real errors are (a Gaussian
+latent-factor model, u = Phi(z) with z = sqrt(shared) z_task + sqrt(persistent)
+z_worker,task + sqrt(1 - shared - persistent) z_prompt): `shared` is the correlation between
+two workers on a task (an obscure fact is obscure for everyone), `shared + persistent` the
+correlation between two prompts to one worker (asking again does not help), the rest is
+fresh noise. Wrong answers come from the same three sources in the same proportions, so
+fresh noise scatters wrong answers (majority voting helps) and shared ignorance repeats
+them (voting does not).
+
+Profiles (p correct for a plain call, easy/medium/hard; price tier of the matching reference
+worker, USD per 1M tokens in/out):
+
+| worker | tier | MATH | CODE | KNOWLEDGE | REASON | RECALL | verbosity |
+|---|---|---|---|---|---|---|---|
+| worker_1 | 0.02/0.05 | .85/.50/.18 | .75/.42/.12 | .72/.52/.35 | .78/.52/.28 | .80/.60/.40 | 0.9 |
+| worker_2 | 0.02/0.05 | .70/.38/.10 | .65/.32/.08 | .80/.60/.42 | .70/.45/.22 | .88/.70/.50 | 0.8 |
+| worker_3 | 0.10/0.30 | .95/.72/.38 | .90/.65/.32 | .78/.58/.40 | .85/.62/.38 | .70/.50/.30 | 1.2 |
+| worker_4 | 0.119/0.2 | .90/.62/.28 | .85/.55/.24 | .84/.64/.46 | .80/.58/.32 | .76/.56/.36 | 1.0 |
+| worker_5 | 0.10/0.32 | .88/.60/.26 | .86/.58/.28 | .86/.68/.50 | .84/.60/.36 | .84/.66/.46 | 1.3 |
+| worker_6 | 0.10/0.40 | .94/.70/.36 | .92/.66/.34 | .80/.60/.44 | .86/.64/.40 | .72/.52/.32 | 1.0 |
+
+Domain dynamics (`DEFAULT_DYNAMICS`): shared / persistent latent share, plan gain
+easy/medium/hard, verifiability:
+
+| domain | shared | persistent | plan gain | verifiability |
+|---|---|---|---|---|
+| MATH | .15 | .15 | .10/.40/.60 | .95 |
+| CODE | .15 | .15 | .10/.40/.60 | .95 |
+| KNOWLEDGE | .25 | .40 | .00/.00/.05 | .25 |
+| REASON | .15 | .15 | .10/.35/.55 | .85 |
+| RECALL | .75 | .25 | .00/.00/.00 | .20 |
+
+So, as in the paper, no mode wins everywhere: cheap workers are the best single choice for
+RECALL/KNOWLEDGE and voting cannot fix shared ignorance; three independent answers and a
+majority beat one call on noisy KNOWLEDGE/REASON items; plan -> execute -> verify ->
+summarize wins on hard MATH/CODE where plans and checking pay off; a single call is the best
+accuracy per dollar on easy items. `tests/test_simulated.py` measures these strategies.
+
+Usage: prompt_tokens = ceil(len(prompt) / 4) and completion_tokens = ceil(len(reply) / 4)
+(about 4 characters per token for English text with a BPE vocabulary); cost then follows
+from the price table like for a real worker. A reply longer than `max_tokens` (default
+4096, the catalog's budget) is cut to `4 * max_tokens` characters. `failure_rate` makes a
+hash-chosen share of (worker, prompt) pairs fail with `success=False` (never an exception);
+`latency_s` sleeps asynchronously.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import itertools
+import math
+import random
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from jax_routeweaver.data.records import Domain, Record
+from jax_routeweaver.routing.calls import Usage, WorkerCall
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "DEFAULT_DYNAMICS",
+    "DEFAULT_PROFILES",
+    "LEVELS",
+    "SIM_DATA_SOURCE",
+    "SIM_POOL",
+    "SIM_SCORERS",
+    "DomainDynamics",
+    "SimulatedWorkerPool",
+    "WorkerProfile",
+    "estimate_tokens",
+    "synthetic_tasks",
+]
+
+LEVELS = ("easy", "medium", "hard")
+CHARS_PER_TOKEN = 4
+DEFAULT_MAX_TOKENS = 4096
+SIM_DATA_SOURCE = "routeweaver_simulated"
+SIM_POOL = "synthetic"
+# Which real scorer grades each synthetic domain (reference §5.3).
+SIM_SCORERS: Mapping[Domain, str] = {
+    Domain.MATH: "math",
+    Domain.CODE: "apps_functional",
+    Domain.KNOWLEDGE: "mc_letter",
+    Domain.REASON: "bbeh_mini",
+    Domain.RECALL: "triviaqa",
+}
+REVISE_GAIN = 0.3
+
+
+def estimate_tokens(text: str) -> int:
+    """The simulator's token count: ceil(characters / 4), at least 1."""
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def _unit(*parts: object) -> float:
+    """A uniform number in [0, 1) from a hash of `parts` (stateless, process-independent)."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+_STD_NORMAL = statistics.NormalDist()
+
+
+def _normal(*parts: object) -> float:
+    """A standard normal number from a hash of `parts`."""
+    return _STD_NORMAL.inv_cdf(min(max(_unit(*parts), 1e-12), 1.0 - 1e-12))
+
+
+def _hex(*parts: object) -> str:
+    return hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=4).hexdigest()
+
+
+def _norm_ws(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _norm_answer(text: str) -> str:
+    return _norm_ws(text).strip().rstrip(".").strip().lower()
+
+
+def _norm_program(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines() if line.strip())
+
+
+# ============================================================================ profiles
+@dataclasses.dataclass(frozen=True)
+class WorkerProfile:
+    """One simulated worker: catalog description, skill table and reply length.
+
+    `skill[domain] = (easy, medium, hard)`: probability that a plain call answers correctly.
+    `verbosity` scales the length of the derivation (so the completion tokens).
+    """
+
+    description: str
+    skill: Mapping[Domain, tuple[float, float, float]]
+    verbosity: float = 1.0
+
+    def __post_init__(self) -> None:
+        for domain in Domain:
+            levels = self.skill.get(domain)
+            if levels is None or len(levels) != 3 or not all(0.0 <= p <= 1.0 for p in levels):
+                raise ValueError(f"WorkerProfile.skill[{domain.value}] must be three "
+                                 f"probabilities (easy, medium, hard), got {levels!r}")
+        if not self.verbosity > 0:
+            raise ValueError(f"WorkerProfile.verbosity must be > 0, got {self.verbosity}")
+
+    def p_correct(self, domain: Domain | str, difficulty: str) -> float:
+        """P(correct) of a plain call on a task of this domain and difficulty."""
+        return self.skill[Domain(domain)][_level_index(difficulty)]
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainDynamics:
+    """How errors behave in a domain (see module doc): latent shares, plan gain, checkability."""
+
+    shared: float
+    persistent: float
+    plan_gain: tuple[float, float, float]
+    verifiability: float
+
+    def __post_init__(self) -> None:
+        if min(self.shared, self.persistent) < 0 or self.shared + self.persistent > 1:
+            raise ValueError("DomainDynamics: shared and persistent must be >= 0 with sum <= 1")
+        if len(self.plan_gain) != 3 or not all(0 <= g <= 1 for g in self.plan_gain):
+            raise ValueError("DomainDynamics.plan_gain must be three numbers in [0, 1]")
+        if not 0 <= self.verifiability <= 1:
+            raise ValueError("DomainDynamics.verifiability must be in [0, 1]")
+
+
+def _skills(math_: tuple, code: tuple, knowledge: tuple, reason: tuple, recall: tuple
+            ) -> dict[Domain, tuple[float, float, float]]:
+    return {Domain.MATH: math_, Domain.CODE: code, Domain.KNOWLEDGE: knowledge,
+            Domain.REASON: reason, Domain.RECALL: recall}
+
+
+DEFAULT_PROFILES: Mapping[str, WorkerProfile] = {
+    "worker_1": WorkerProfile(
+        "Dense model with about 8B parameters; multilingual instruction following and "
+        "dialogue, mathematical and logical reasoning, code generation.",
+        _skills((.85, .50, .18), (.75, .42, .12), (.72, .52, .35), (.78, .52, .28),
+                (.80, .60, .40)), verbosity=0.9),
+    "worker_2": WorkerProfile(
+        "Dense model with 8B parameters, instruction-tuned for multilingual dialogue; general "
+        "reasoning, text generation and coding.",
+        _skills((.70, .38, .10), (.65, .32, .08), (.80, .60, .42), (.70, .45, .22),
+                (.88, .70, .50)), verbosity=0.8),
+    "worker_3": WorkerProfile(
+        "Mixture-of-experts model, 30.5B parameters in total with 3.3B active; instruction "
+        "following, text comprehension, logical reasoning, mathematics, science and coding.",
+        _skills((.95, .72, .38), (.90, .65, .32), (.78, .58, .40), (.85, .62, .38),
+                (.70, .50, .30)), verbosity=1.2),
+    "worker_4": WorkerProfile(
+        "Dense model in the 27B class; multilingual question answering, summarization, "
+        "reasoning, math problem solving and code generation.",
+        _skills((.90, .62, .28), (.85, .55, .24), (.84, .64, .46), (.80, .58, .32),
+                (.76, .56, .36)), verbosity=1.0),
+    "worker_5": WorkerProfile(
+        "Dense model with 70B parameters, instruction-tuned for multilingual dialogue; "
+        "reasoning, instruction following, text and code generation.",
+        _skills((.88, .60, .26), (.86, .58, .28), (.86, .68, .50), (.84, .60, .36),
+                (.84, .66, .46)), verbosity=1.3),
+    "worker_6": WorkerProfile(
+        "Sparse mixture-of-experts model, parameter counts undisclosed; translation, "
+        "classification, information extraction, coding, mathematics and reasoning.",
+        _skills((.94, .70, .36), (.92, .66, .34), (.80, .60, .44), (.86, .64, .40),
+                (.72, .52, .32)), verbosity=1.0),
+}
+
+DEFAULT_DYNAMICS: Mapping[Domain, DomainDynamics] = {
+    Domain.MATH: DomainDynamics(.15, .15, (.10, .40, .60), .95),
+    Domain.CODE: DomainDynamics(.15, .15, (.10, .40, .60), .95),
+    Domain.KNOWLEDGE: DomainDynamics(.25, .40, (.0, .0, .05), .25),
+    Domain.REASON: DomainDynamics(.15, .15, (.10, .35, .55), .85),
+    Domain.RECALL: DomainDynamics(.75, .25, (.0, .0, .0), .20),
+}
+
+
+def _level_index(difficulty: str | None) -> int:
+    if difficulty in LEVELS:
+        return LEVELS.index(difficulty)
+    return 1  # records without a difficulty count as medium
+
+
+# ============================================================================ tasks
+@dataclasses.dataclass(frozen=True)
+class _Draft:
+    question: str
+    gold: list[str]
+    meta: dict[str, Any]
+
+
+def _numeric_distractors(gold: int, rng: random.Random) -> list[str]:
+    pool = [gold + 1, gold - 1, gold + 2, gold - 2, gold + 10, gold - 10, gold * 2, gold + 3]
+    out: list[str] = []
+    for value in pool:
+        if value != gold and str(value) not in out:
+            out.append(str(value))
+    rng.shuffle(out)
+    return out[:5]
+
+
+def _gen_math(rng: random.Random, level: str) -> _Draft:
+    if level == "easy":
+        a, b, c = rng.randint(12, 99), rng.randint(3, 19), rng.randint(5, 99)
+        question, gold = f"What is {a} * {b} + {c}?", a * b + c
+    elif level == "medium":
+        kind = rng.randrange(3)
+        if kind == 0:
+            a, b = rng.randint(3, 12), rng.randint(6, 24)
+            c = rng.randint(1, a * b - 1)
+            question = (f"A baker bakes {a} trays with {b} rolls on each tray and sells {c} "
+                        f"rolls. How many rolls are left?")
+            gold = a * b - c
+        elif kind == 1:
+            v, t, w = rng.randint(40, 120), rng.randint(2, 7), rng.randint(5, 60)
+            question = (f"A train travels at {v} km per hour for {t} hours and then covers "
+                        f"another {w} km. How many kilometres does it travel in total?")
+            gold = v * t + w
+        else:
+            a, b = 3 * rng.randint(5, 40), rng.randint(2, 30)
+            question = (f"Lena has {a} marbles. She gives a third of them to Tom and then buys "
+                        f"{b} more. How many marbles does she have now?")
+            gold = a - a // 3 + b
+    else:
+        kind = rng.randrange(3)
+        if kind == 0:
+            m = rng.randint(3, 13)
+            r = rng.randint(1, m - 1)
+            limit = rng.randint(40, 400)
+            question = (f"Find the sum of all positive integers less than {limit} that leave a "
+                        f"remainder of {r} when divided by {m}.")
+            gold = sum(k for k in range(1, limit) if k % m == r)
+        elif kind == 1:
+            x = rng.randint(-20, 20)
+            a, c = rng.sample(range(2, 15), 2)
+            b = rng.randint(-50, 50)
+            d = (a - c) * x + b
+            question = f"If {a}x + {b} = {c}x + {d}, what is the value of x?"
+            question = question.replace("+ -", "- ")
+            gold = x
+        else:
+            n = rng.choice([2, 3, 5, 6, 7]) ** rng.randint(1, 4) * rng.choice([1, 10, 12, 18, 45])
+            question = f"How many positive divisors does {n} have?"
+            gold = sum(1 for k in range(1, n + 1) if n % k == 0)
+    return _Draft(question, [str(gold)], {"sim": {"distractors": _numeric_distractors(gold, rng)}})
+
+
+# ---------------------------------------------------------------------------- code
+@dataclasses.dataclass(frozen=True)
+class _CodeTemplate:
+    """A function-writing task family: parameters -> (question, correct source, buggy source)."""
+
+    level: str
+    func_name: str
+    params: Callable[[random.Random], dict[str, Any]]
+    question: Callable[[dict[str, Any]], str]
+    solution: Callable[[dict[str, Any]], str]
+    buggy: Callable[[dict[str, Any]], str]
+    inputs: Callable[[random.Random, dict[str, Any]], list[list[Any]]]
+
+
+def _int_list(rng: random.Random, lo: int, hi: int, max_len: int = 8) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(rng.randint(0, max_len))]
+
+
+def _coin_params(rng: random.Random) -> dict[str, Any]:
+    while True:  # coin sets where greedy is wrong for some amount, so the bug is catchable
+        coins = sorted(rng.sample(range(2, 26), 3))
+        bad = [a for a in range(1, 80) if _greedy_coins(coins, a) != _dp_coins(coins, a)]
+        if bad:
+            return {"coins": coins, "bad": bad[:3]}
+
+
+def _greedy_coins(coins: list[int], amount: int) -> int:
+    count = 0
+    for coin in sorted(coins, reverse=True):
+        count += amount // coin
+        amount %= coin
+    return count if amount == 0 else -1
+
+
+def _dp_coins(coins: list[int], amount: int) -> int:
+    best = [0] + [math.inf] * amount
+    for a in range(1, amount + 1):
+        for coin in coins:
+            if coin <= a and best[a - coin] + 1 < best[a]:
+                best[a] = best[a - coin] + 1
+    return -1 if best[amount] == math.inf else int(best[amount])
+
+
+_CODE_TEMPLATES: tuple[_CodeTemplate, ...] = (
+    _CodeTemplate(
+        "easy", "count_beyond",
+        lambda rng: {"t": rng.randint(-200, 200), "op": rng.choice([">", "<"])},
+        lambda p: (f"Write a Python function `count_beyond(xs)` that takes a list of integers "
+                   f"`xs` and returns how many of them are strictly "
+                   f"{'greater' if p['op'] == '>' else 'less'} than {p['t']}."),
+        lambda p: f"def count_beyond(xs):\n    return sum(1 for x in xs if x {p['op']} {p['t']})\n",
+        lambda p: (f"def count_beyond(xs):\n"
+                   f"    return sum(1 for x in xs if x {p['op']}= {p['t']})\n"),
+        lambda rng, p: ([[_int_list(rng, p["t"] - 5, p["t"] + 5)] for _ in range(4)]
+                        + [[[p["t"], p["t"] + 1, p["t"] - 1]], [[]]]),
+    ),
+    _CodeTemplate(
+        "easy", "clamped_sum",
+        lambda rng: {"lo": rng.randint(-50, 0), "hi": rng.randint(1, 50)},
+        lambda p: (f"Write a Python function `clamped_sum(xs)` that returns the sum of the "
+                   f"integers in `xs` after clamping each of them into the range "
+                   f"[{p['lo']}, {p['hi']}] (values below {p['lo']} count as {p['lo']}, values "
+                   f"above {p['hi']} count as {p['hi']})."),
+        lambda p: (f"def clamped_sum(xs):\n"
+                   f"    return sum(min(max(x, {p['lo']}), {p['hi']}) for x in xs)\n"),
+        lambda p: f"def clamped_sum(xs):\n    return sum(min(x, {p['hi']}) for x in xs)\n",
+        lambda rng, p: ([[_int_list(rng, p["lo"] - 30, p["hi"] + 30)] for _ in range(4)]
+                        + [[[p["lo"] - 7, p["hi"] + 3, 0]], [[]]]),
+    ),
+    _CodeTemplate(
+        "medium", "kth_largest_distinct",
+        lambda rng: {"k": rng.randint(2, 4), "d": rng.randint(-99, -1)},
+        lambda p: (f"Write a Python function `kth_largest_distinct(xs)` that returns the "
+                   f"{_ORDINALS[p['k']]} largest distinct value in the list of integers `xs`, "
+                   f"or {p['d']} if `xs` has fewer than {p['k']} distinct values."),
+        lambda p: (f"def kth_largest_distinct(xs):\n"
+                   f"    values = sorted(set(xs), reverse=True)\n"
+                   f"    return values[{p['k'] - 1}] if len(values) >= {p['k']} else {p['d']}\n"),
+        lambda p: (f"def kth_largest_distinct(xs):\n"
+                   f"    values = sorted(xs, reverse=True)\n"
+                   f"    return values[{p['k'] - 1}] if len(values) >= {p['k']} else {p['d']}\n"),
+        lambda rng, p: ([[_int_list(rng, 0, 20, 10)] for _ in range(4)]
+                        + [[[9, 9, 9, 4, 4, 2, 1, 0]], [[5] * (p["k"] + 1)]]),
+    ),
+    _CodeTemplate(
+        "medium", "best_window_sum",
+        lambda rng: {"w": rng.randint(2, 6), "d": rng.randint(-99, -1)},
+        lambda p: (f"Write a Python function `best_window_sum(xs)` that returns the largest sum "
+                   f"of {p['w']} consecutive elements of the list of integers `xs`, or {p['d']} "
+                   f"if `xs` has fewer than {p['w']} elements."),
+        lambda p: (f"def best_window_sum(xs):\n"
+                   f"    if len(xs) < {p['w']}:\n"
+                   f"        return {p['d']}\n"
+                   f"    return max(sum(xs[i:i + {p['w']}]) for i in range(len(xs) - {p['w']} + 1))"
+                   f"\n"),
+        lambda p: (f"def best_window_sum(xs):\n"
+                   f"    if len(xs) <= {p['w']}:\n"
+                   f"        return {p['d']}\n"
+                   f"    return max(sum(xs[i:i + {p['w']}]) for i in range(len(xs) - {p['w']}))"
+                   f"\n"),
+        lambda rng, p: ([[_int_list(rng, -10, 30, 12)] for _ in range(4)]
+                        + [[[1] * (p["w"] - 1) + [0, 50, 60, 70, 80, 90, 99][: p["w"] + 1]],
+                           [list(range(p["w"]))]]),
+    ),
+    _CodeTemplate(
+        "hard", "count_climbs",
+        lambda rng: {"k": rng.randint(2, 6), "mod": rng.randint(1000, 99999)},
+        lambda p: (f"Write a Python function `count_climbs(n)` that returns the number of "
+                   f"different ways to climb a staircase of `n` steps when each move climbs "
+                   f"between 1 and {p['k']} steps, modulo {p['mod']}. For n = 0 there is "
+                   f"exactly one way."),
+        lambda p: (f"def count_climbs(n):\n"
+                   f"    ways = [1] + [0] * n\n"
+                   f"    for i in range(1, n + 1):\n"
+                   f"        ways[i] = sum(ways[i - s] for s in range(1, {p['k']} + 1) if s <= i)"
+                   f" % {p['mod']}\n"
+                   f"    return ways[n]\n"),
+        lambda p: (f"def count_climbs(n):\n"
+                   f"    ways = [1] + [0] * n\n"
+                   f"    for i in range(1, n + 1):\n"
+                   f"        ways[i] = sum(ways[i - s] for s in range(1, {p['k']}) if s <= i)"
+                   f" % {p['mod']}\n"
+                   f"    return ways[n]\n"),
+        lambda rng, p: [[0], [1], [p["k"]], [rng.randint(p["k"] + 1, 20)], [rng.randint(21, 60)]],
+    ),
+    _CodeTemplate(
+        "hard", "fewest_coins",
+        _coin_params,
+        lambda p: (f"Write a Python function `fewest_coins(amount)` that returns the smallest "
+                   f"number of coins with values {', '.join(map(str, p['coins']))} (each value "
+                   f"can be used any number of times) that add up to exactly `amount`, or -1 "
+                   f"if that is impossible."),
+        lambda p: (f"def fewest_coins(amount):\n"
+                   f"    coins = {p['coins']}\n"
+                   f"    best = [0] + [None] * amount\n"
+                   f"    for a in range(1, amount + 1):\n"
+                   f"        options = [best[a - c] for c in coins if c <= a and best[a - c] is not"
+                   f" None]\n"
+                   f"        best[a] = min(options) + 1 if options else None\n"
+                   f"    return -1 if best[amount] is None else best[amount]\n"),
+        lambda p: (f"def fewest_coins(amount):\n"
+                   f"    count = 0\n"
+                   f"    for c in sorted({p['coins']}, reverse=True):\n"
+                   f"        count += amount // c\n"
+                   f"        amount %= c\n"
+                   f"    return count if amount == 0 else -1\n"),
+        lambda rng, p: [[a] for a in p["bad"]] + [[rng.randint(1, 99)] for _ in range(3)],
+    ),
+)
+
+_ORDINALS = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth",
+             7: "seventh"}
+
+
+def _run_source(source: str, func_name: str) -> Callable[..., Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<sim:{func_name}>", "exec"), namespace)  # our own template text
+    return namespace[func_name]
+
+
+def _gen_code(rng: random.Random, level: str) -> _Draft:
+    templates = [t for t in _CODE_TEMPLATES if t.level == level]
+    template = rng.choice(templates)
+    for _ in range(20):
+        params = template.params(rng)
+        solution, buggy = template.solution(params), template.buggy(params)
+        good_fn = _run_source(solution, template.func_name)
+        bad_fn = _run_source(buggy, template.func_name)
+        tests, bug_caught = [], False
+        for args in template.inputs(rng, params):
+            expected = good_fn(*args)
+            tests.append({"input": args, "output": expected})
+            try:
+                bug_caught = bug_caught or bad_fn(*args) != expected
+            except Exception:  # a crashing buggy program is caught too
+                bug_caught = True
+        if bug_caught:
+            break
+    else:  # pragma: no cover - the templates' edge inputs always expose the bug
+        raise RuntimeError(f"simulated code template {template.func_name}: bug not exposed")
+    meta = {"func_name": template.func_name, "test_type": "functional", "tests": tests,
+            "sim": {"solution": solution, "buggy_solution": buggy}}
+    return _Draft(template.question(params), [], meta)
+
+
+# ---------------------------------------------------------------------------- knowledge
+_FACT_CATEGORIES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("Which element has the chemical symbol {key}?", (
+        ("Fe", "Iron"), ("Cu", "Copper"), ("Na", "Sodium"), ("K", "Potassium"),
+        ("Ag", "Silver"), ("Au", "Gold"), ("Pb", "Lead"), ("Sn", "Tin"), ("Hg", "Mercury"),
+        ("W", "Tungsten"), ("Sb", "Antimony"))),
+    ("What is the SI unit of {key}?", (
+        ("force", "newton"), ("energy", "joule"), ("power", "watt"), ("pressure", "pascal"),
+        ("electric charge", "coulomb"), ("electrical resistance", "ohm"),
+        ("frequency", "hertz"), ("magnetic flux", "weber"), ("inductance", "henry"),
+        ("capacitance", "farad"))),
+    ("How many sides does a {key} have?", (
+        ("triangle", "3"), ("quadrilateral", "4"), ("pentagon", "5"), ("hexagon", "6"),
+        ("heptagon", "7"), ("octagon", "8"), ("nonagon", "9"), ("decagon", "10"),
+        ("hendecagon", "11"), ("dodecagon", "12"))),
+    ("Which planet is the {key} planet from the Sun?", (
+        ("first", "Mercury"), ("second", "Venus"), ("third", "Earth"), ("fourth", "Mars"),
+        ("fifth", "Jupiter"), ("sixth", "Saturn"), ("seventh", "Uranus"),
+        ("eighth", "Neptune"))),
+)
+_LETTERS = "ABCDEFGHIJ"
+_N_OPTIONS = {"easy": 4, "medium": 6, "hard": 10}
+
+
+def _gen_knowledge(rng: random.Random, level: str) -> _Draft:
+    template, facts = rng.choice(_FACT_CATEGORIES)
+    key, answer = rng.choice(facts)
+    n_options = min(_N_OPTIONS[level], len(facts))
+    others = rng.sample([value for _, value in facts if value != answer], n_options - 1)
+    options = [*others, answer]
+    rng.shuffle(options)
+    letter = _LETTERS[options.index(answer)]
+    lines = [template.format(key=key)]
+    lines += [f"{_LETTERS[i]}. {option}" for i, option in enumerate(options)]
+    lines.append("Answer with the letter of the correct option.")
+    wrong = [_LETTERS[i] for i in range(n_options) if _LETTERS[i] != letter]
+    rng.shuffle(wrong)
+    return _Draft("\n".join(lines), [letter], {"sim": {"distractors": wrong[:5]}})
+
+
+# ---------------------------------------------------------------------------- reason
+_PEOPLE = ("Ari", "Bex", "Cato", "Dara", "Eli", "Fenn", "Gia", "Hal", "Ivo", "Juno", "Kit",
+           "Lux", "Mira", "Nico", "Oren", "Pia", "Quin", "Rey", "Sol", "Tao", "Uma", "Vik")
+_N_PEOPLE = {"easy": 3, "medium": 5, "hard": 7}
+
+
+def _gen_reason(rng: random.Random, level: str) -> _Draft:
+    k = _N_PEOPLE[level]
+    ranking = rng.sample(_PEOPLE, k)  # tallest first
+    facts = []
+    for taller, shorter in itertools.pairwise(ranking):
+        if rng.random() < 0.5:
+            facts.append(f"{taller} is taller than {shorter}.")
+        else:
+            facts.append(f"{shorter} is shorter than {taller}.")
+    rng.shuffle(facts)
+    position = 0 if level == "easy" else rng.randrange(k)
+    if position == 0 or (level != "easy" and position == k - 1 and rng.random() < 0.5):
+        ask = "tallest" if position == 0 else "shortest"
+        question_tail = f"Who is the {ask} of these {k} people?"
+    else:
+        question_tail = f"Who is the {_ORDINALS[position + 1]} tallest of these {k} people?"
+    question = f"{' '.join(facts)} {question_tail} Answer with a name."
+    gold = ranking[position]
+    wrong = [name for name in ranking if name != gold]
+    rng.shuffle(wrong)
+    return _Draft(question, [gold], {"sim": {"distractors": wrong[:5]}})
+
+
+# ---------------------------------------------------------------------------- recall
+_SYLLABLES = ("ba", "dor", "ka", "lin", "mar", "nev", "ro", "sel", "tam", "vor", "zen", "ar",
+              "el", "ith", "qua", "bri", "del", "fen", "gal", "hol", "ost", "pra", "ul", "wyn")
+_SUFFIX = {"country": ("ia", "or", "and", "ova", "estan"),
+           "city": ("ton", "burg", "mora", "heim", "port", "grad"),
+           "river": ("a", "en", "is", "ar", "o"),
+           "person": ("", "", "o", "a", "en")}
+_INSTRUMENTS = ("cello", "oboe", "harp", "viola", "bassoon", "flute", "clarinet",
+                "harpsichord", "lute", "trumpet", "organ", "violin")
+
+
+def _fictional_name(rng: random.Random, kind: str, used: set[str]) -> str:
+    while True:
+        stem = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
+        name = (stem + rng.choice(_SUFFIX[kind])).capitalize()
+        if kind == "person":
+            name = f"{name} {(''.join(rng.choice(_SYLLABLES) for _ in range(2))).capitalize()}"
+        if name not in used:
+            used.add(name)
+            return name
+
+
+def _gen_recall(rng: random.Random, level: str, used: set[str]) -> _Draft:
+    relation = rng.randrange(4)
+    fresh: set[str] = set(used)  # distractor names must not collide with real entities
+    if relation == 0:
+        country, city = _fictional_name(rng, "country", used), _fictional_name(rng, "city", used)
+        question = f"What is the capital city of the country {country}?"
+        gold, wrong = [city], [_fictional_name(rng, "city", fresh) for _ in range(4)]
+    elif relation == 1:
+        city, year = _fictional_name(rng, "city", used), rng.randint(1100, 1950)
+        question = f"In which year was the town of {city} founded?"
+        gold = [str(year)]
+        wrong = [str(year + d) for d in rng.sample([-100, -50, -12, -1, 1, 12, 50, 100], 4)]
+    elif relation == 2:
+        city, river = _fictional_name(rng, "city", used), _fictional_name(rng, "river", used)
+        question = f"Which river flows through the city of {city}?"
+        gold = [f"{river} River", river]
+        wrong = [f"{_fictional_name(rng, 'river', fresh)} River" for _ in range(4)]
+    else:
+        person = _fictional_name(rng, "person", used)
+        instrument = rng.choice(_INSTRUMENTS)
+        question = f"Which instrument did the composer {person} play?"
+        gold = [instrument]
+        wrong = rng.sample([i for i in _INSTRUMENTS if i != instrument], 4)
+    return _Draft(question, gold, {"sim": {"distractors": wrong}})
+
+
+def synthetic_tasks(n: int, *, seed: int,
+                    domains: Sequence[Domain | str] = tuple(Domain)) -> list[Record]:
+    """`n` deterministic synthetic questions (a SIMULATION data set) in the `Record` format.
+
+    Task i has domain `domains[i % len(domains)]` and difficulty
+    `LEVELS[(i // len(domains)) % 3]` (balanced), `sample_id` `sim-<seed>-<i>`, the real
+    scorer named in `SIM_SCORERS` (math: integer gold; apps_functional: call-based tests +
+    `func_name`; mc_letter: a letter A-J; bbeh_mini: a name; triviaqa: aliases of a fact
+    from a generated fictional fact table), `meta['difficulty']`, and simulator-only data
+    in `meta['sim']` (distractors; the correct and the buggy program for CODE). Question texts
+    are unique. `batch_index` and `forced_mode` are left None for the pipeline to assign.
+    """
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"synthetic_tasks: n must be a non-negative integer, got {n!r}")
+    try:
+        chosen = [Domain(d.upper() if isinstance(d, str) else d) for d in domains]
+    except ValueError as exc:
+        raise ValueError(f"synthetic_tasks: unknown domain in {list(domains)!r}: {exc}") from None
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise ValueError(f"synthetic_tasks: domains must be non-empty and distinct, "
+                         f"got {list(domains)!r}")
+    used_names: set[str] = set()
+    seen: set[str] = set()
+    records = []
+    for i in range(n):
+        domain = chosen[i % len(chosen)]
+        level = LEVELS[(i // len(chosen)) % len(LEVELS)]
+        rng = random.Random(f"routeweaver-sim:{seed}:{i}")
+        for _attempt in range(100):
+            if domain is Domain.MATH:
+                draft = _gen_math(rng, level)
+            elif domain is Domain.CODE:
+                draft = _gen_code(rng, level)
+            elif domain is Domain.KNOWLEDGE:
+                draft = _gen_knowledge(rng, level)
+            elif domain is Domain.REASON:
+                draft = _gen_reason(rng, level)
+            else:
+                draft = _gen_recall(rng, level, used_names)
+            if _norm_ws(draft.question) not in seen:
+                break
+        else:
+            raise ValueError(f"synthetic_tasks: ran out of distinct {domain.value}/{level} "
+                             f"questions at task {i}; ask for fewer tasks")
+        seen.add(_norm_ws(draft.question))
+        records.append(Record(
+            sample_id=f"sim-{seed}-{i:05d}", domain=domain, dataset=f"sim_{domain.lower()}",
+            scorer_dataset=SIM_SCORERS[domain], question=draft.question,
+            gold=tuple(draft.gold), meta={"difficulty": level, **draft.meta}, pool=SIM_POOL,
+            data_source=SIM_DATA_SOURCE))
+    return records
+
+
+# ============================================================================ prompts
+_ROLE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("verifier", re.compile(r"\bverif(?:y|ier|ies|ication)\b|\bPASS\b[\s\S]*\bFAIL\b",
+                            re.IGNORECASE)),
+    ("summarizer", re.compile(r"\bsummari[sz]|\breconcil", re.IGNORECASE)),
+    ("planner", re.compile(r"\bplann(?:er|ing)\b|\bbreak (?:it|the problem|this problem)"
+                           r"(?: down)? into\b|\bsub-?tasks\b", re.IGNORECASE)),
+    ("executor", re.compile(r"\bexecut(?:or|e)\b|\bcarry out\b", re.IGNORECASE)),
+)
+_STRONG_ROLE = re.compile(r"\byou are (?:the|a|an) (planner|executor|verifier|summari[sz]er)\b",
+                          re.IGNORECASE)
+_REF_HEADER = re.compile(r"^\[([^\]\n]+)\][ \t]*\(from ([A-Za-z_]+)\)[ \t]*$", re.MULTILINE)
+_TAIL_SECTION = re.compile(r"\n\s*\n(?:Your task|Current sub-task):", re.IGNORECASE)
+_ANSWER_TAG = re.compile(r"<answer>([\s\S]*?)</answer>", re.IGNORECASE)
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n([\s\S]*?)```", re.IGNORECASE)
+_EXEC_PASS = re.compile(r"\[execution\] all \d+ hidden tests PASSED", re.IGNORECASE)
+_EXEC_FAIL = re.compile(r"\[execution\] (?:\d+/\d+ hidden tests passed|no runnable code)",
+                        re.IGNORECASE)
+_LOCATION = re.compile(r"^\s*Location:(.*)$", re.MULTILINE | re.IGNORECASE)
+
+
+def _detect_role(brief: str, prompt: str) -> str | None:
+    """Role from the brief (text before the question): 'You are the X' first, then keywords;
+    else 'You are the X' anywhere in the prompt; else None (a plain single/multi answer)."""
+    strong = _STRONG_ROLE.search(brief)
+    if strong is None:
+        for role, pattern in _ROLE_PATTERNS:
+            if pattern.search(brief):
+                return role
+        strong = _STRONG_ROLE.search(prompt)
+    if strong is None:
+        return None
+    word = strong.group(1).lower()
+    return "summarizer" if word.startswith("summari") else word
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+    node: str | None
+    role: str | None
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Candidate:
+    index: int  # position among the blocks
+    node: str | None
+    answer: str  # the answer text (the program for CODE)
+    key: str  # normalised, for voting
+    correct: bool
+    executed: str | None  # 'pass' | 'fail' | None, from [execution] feedback
+
+
+def _split_blocks(after: str) -> list[_Block]:
+    """Referenced outputs after the question: `[nK] (from ROLE)` blocks, else one block."""
+    tail = _TAIL_SECTION.search(after)
+    headers = list(_REF_HEADER.finditer(after))
+    if not headers:
+        body = after[: tail.start()] if tail else after
+        return [_Block(None, None, body)] if body.strip() else []
+    blocks = []
+    for k, header in enumerate(headers):
+        end = headers[k + 1].start() if k + 1 < len(headers) else len(after)
+        if k + 1 == len(headers):
+            last_tail = None
+            for match in _TAIL_SECTION.finditer(after, header.end()):
+                last_tail = match
+            end = last_tail.start() if last_tail else end
+        blocks.append(_Block(header.group(1).strip(), header.group(2).lower(),
+                             after[header.end():end].strip()))
+    return blocks
+
+
+def _verdict(block: _Block) -> str | None:
+    first = block.text.lstrip()[:4].upper()
+    return first if first in ("PASS", "FAIL") else None
+
+
+# ============================================================================ the pool
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    record: Record
+    difficulty: str
+    distractors: tuple[str, ...]
+    solution: str | None
+    buggy: str | None
+    gold_keys: frozenset[str]
+
+    @property
+    def is_code(self) -> bool:
+        return self.record.domain is Domain.CODE
+
+
+def _fallback_distractors(gold: str) -> tuple[str, ...]:
+    """Wrong answers for records without `meta['sim']` (real data given to the simulator)."""
+    text = gold.strip()
+    if re.fullmatch(r"-?\d+", text):
+        value = int(text)
+        return tuple(str(value + d) for d in (1, -1, 2, 10))
+    if re.fullmatch(r"[A-J]", text):
+        return tuple(letter for letter in "ABCD" if letter != text)
+    return ("unknown", f"not {text}")
+
+
+class SimulatedWorkerPool:
+    """A SIMULATED `WorkerPool`: six seeded workers answering known tasks (see module doc).
+
+    `tasks`: the records the workers can recognise (usually `synthetic_tasks(...)`; real
+    records work too, with generic wrong answers and no program for CODE). `seed`: all
+    randomness derives from it. `profiles`: worker id -> `WorkerProfile`, in catalog order.
+    `latency_s`: asyncio sleep per call. `failure_rate`: share of (worker, prompt) pairs
+    that fail (`success=False`, empty text). Replies depend only on (seed, worker, prompt).
+    """
+
+    def __init__(self, tasks: Iterable[Record], *, seed: int,
+                 profiles: Mapping[str, WorkerProfile] = DEFAULT_PROFILES,
+                 latency_s: float = 0.0, failure_rate: float = 0.0,
+                 dynamics: Mapping[Domain, DomainDynamics] = DEFAULT_DYNAMICS,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+        if not profiles:
+            raise ValueError("SimulatedWorkerPool: profiles must name at least one worker")
+        if latency_s < 0 or not 0.0 <= failure_rate <= 1.0:
+            raise ValueError(f"SimulatedWorkerPool: need latency_s >= 0 and failure_rate in "
+                             f"[0, 1], got {latency_s}, {failure_rate}")
+        missing = [d.value for d in Domain if d not in dynamics]
+        if missing:
+            raise ValueError(f"SimulatedWorkerPool: dynamics missing domains {missing}")
+        self.seed = seed
+        self.profiles = dict(profiles)
+        self.dynamics = dict(dynamics)
+        self.latency_s = float(latency_s)
+        self.failure_rate = float(failure_rate)
+        self.default_max_tokens = int(default_max_tokens)
+        self._tasks: dict[str, _Task] = {}  # whitespace-normalised question -> task
+        self._by_prefix: dict[str, list[str]] = {}
+        for record in tasks:
+            if not isinstance(record, Record):
+                raise TypeError(f"SimulatedWorkerPool: tasks must be Records, got "
+                                f"{type(record).__name__}")
+            key = _norm_ws(record.question)
+            known = self._tasks.get(key)
+            if known is not None:
+                if set(known.record.gold) != set(record.gold):
+                    raise ValueError(f"SimulatedWorkerPool: records {known.record.sample_id!r} "
+                                     f"and {record.sample_id!r} share a question but not the "
+                                     f"gold answers")
+                continue
+            self._tasks[key] = self._make_task(record)
+            self._by_prefix.setdefault(key[:_PREFIX], []).append(key)
+
+    # -------------------------------------------------------------- WorkerPool protocol
+    def worker_ids(self) -> list[str]:
+        return list(self.profiles)
+
+    def description(self, worker: str) -> str:
+        return self._profile(worker).description
+
+    async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
+                   ) -> WorkerCall:
+        """Answer `prompt` as `worker` (after `latency_s`); never raises for call failures."""
+        self._profile(worker)  # an id outside the pool is a caller bug, not a call failure
+        start = time.perf_counter()
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+        result = self.respond(worker, prompt, max_tokens=max_tokens)
+        return dataclasses.replace(result, latency_s=time.perf_counter() - start)
+
+    # -------------------------------------------------------------- public helpers
+    def respond(self, worker: str, prompt: str, *, max_tokens: int | None = None) -> WorkerCall:
+        """The synchronous core of `call` (no latency): the same reply, instantly."""
+        profile = self._profile(worker)
+        if not isinstance(prompt, str):
+            raise TypeError(f"SimulatedWorkerPool: prompt must be a string, got "
+                            f"{type(prompt).__name__}")
+        digest = hashlib.blake2b(prompt.encode(), digest_size=16).hexdigest()
+        failed = _unit(self.seed, "failure", worker, digest) < self.failure_rate
+        if failed:
+            return WorkerCall(worker=worker, prompt=prompt, text="", success=False,
+                              error="simulated provider failure (failure_rate)")
+        text = self._reply(worker, profile, prompt, digest)
+        limit = max_tokens if max_tokens is not None else self.default_max_tokens
+        completion = estimate_tokens(text)
+        if completion > limit:
+            text = text[: limit * CHARS_PER_TOKEN]
+            completion = limit
+        usage = Usage(prompt_tokens=estimate_tokens(prompt), completion_tokens=completion)
+        return WorkerCall(worker=worker, prompt=prompt, text=text, success=True, usage=usage)
+
+    def find_task(self, prompt: str) -> Record | None:
+        """The known task whose question occurs in `prompt` (longest match), or None."""
+        found = self._find(prompt)
+        return found.record if found else None
+
+    def skill(self, worker: str, record: Record) -> float:
+        """P(correct) of a plain call by `worker` on `record` (the profile entry)."""
+        return self._profile(worker).p_correct(record.domain, record.difficulty or "medium")
+
+    # -------------------------------------------------------------- internals
+    def _profile(self, worker: str) -> WorkerProfile:
+        profile = self.profiles.get(worker)
+        if profile is None:
+            raise ValueError(f"SimulatedWorkerPool: unknown worker {worker!r}; offered: "
+                             f"{list(self.profiles)}")
+        return profile
+
+    @staticmethod
+    def _make_task(record: Record) -> _Task:
+        sim = record.meta.get("sim") if isinstance(record.meta.get("sim"), dict) else {}
+        gold = record.gold[0] if record.gold else ""
+        distractors = tuple(str(d) for d in sim.get("distractors", ())) or \
+            _fallback_distractors(gold)
+        return _Task(record=record, difficulty=record.difficulty or "medium",
+                     distractors=distractors, solution=sim.get("solution"),
+                     buggy=sim.get("buggy_solution"),
+                     gold_keys=frozenset(_norm_answer(g) for g in record.gold if g.strip()))
+
+    def _find(self, prompt: str) -> _Task | None:
+        flat = _norm_ws(prompt)
+        # Fast path: the text right after a question marker starts with a known question.
+        hits: list[str] = []
+        for marker in ("Original question:", "Question:"):
+            start = prompt.find(marker)
+            while start != -1:
+                window = _norm_ws(prompt[start + len(marker): start + len(marker) + 4 * _PREFIX])
+                hits += [key for key in self._by_prefix.get(window[:_PREFIX], ()) if key in flat]
+                start = prompt.find(marker, start + 1)
+        if not hits:  # slow path: any known question anywhere in the prompt
+            hits = [key for key in self._tasks if key in flat]
+        return self._tasks[max(hits, key=len)] if hits else None
+
+    def _question_span(self, prompt: str, task: _Task) -> tuple[int, int]:
+        question = task.record.question.strip()
+        start = prompt.find(question)
+        if start != -1:
+            return start, start + len(question)
+        pattern = r"\s+".join(re.escape(token) for token in question.split())
+        match = re.search(pattern, prompt)
+        return (match.start(), match.end()) if match else (0, 0)
+
+    # -------------------------------------------------------------- drawing outcomes
+    def _draw(self, worker: str, task: _Task, digest: str, p: float, purpose: str
+              ) -> tuple[bool, tuple[object, ...]]:
+        """(correct?, key for the wrong answer): the latent-factor draw of the module doc.
+
+        z = sqrt(shared) z_task + sqrt(persistent) z_worker,task + sqrt(rest) z_fresh and
+        u = Phi(z) is uniform, so P(correct) = p exactly while two calls of one worker on a
+        task correlate with shared + persistent and calls of two workers with shared.
+        """
+        dyn = self.dynamics[task.record.domain]
+        sid = task.record.sample_id
+        rest = max(0.0, 1.0 - dyn.shared - dyn.persistent)
+        z = (math.sqrt(dyn.shared) * _normal(self.seed, "latent-task", sid)
+             + math.sqrt(dyn.persistent) * _normal(self.seed, "latent-worker", worker, sid)
+             + math.sqrt(rest) * _normal(self.seed, "latent-fresh", purpose, worker, digest))
+        correct = _STD_NORMAL.cdf(z) < p
+        # Which wrong answer: common to all workers, fixed per worker, or fresh, in the same
+        # proportions (the choice of source is fixed per worker and task).
+        coin = _unit(self.seed, "wrong-source", worker, sid)
+        if coin < dyn.shared:
+            source: tuple[object, ...] = ("task", sid)
+        elif coin < dyn.shared + dyn.persistent:
+            source = ("worker", worker, sid)
+        else:
+            source = ("fresh", purpose, worker, digest)
+        return correct, source
+
+    def _solve(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
+               prompt: str, avoid: set[str], purpose: str) -> tuple[bool, str]:
+        """Solve the task: (correct?, answer text or program)."""
+        domain = task.record.domain
+        level = _level_index(task.difficulty)
+        p = profile.p_correct(domain, task.difficulty)
+        gains = []
+        if self._plan_tag(task, good=True) in prompt:
+            gains.append(self.dynamics[domain].plan_gain[level])
+        if avoid:  # a rejected attempt helps where checking helps, not where knowledge lacks
+            gains.append(REVISE_GAIN * self.dynamics[domain].verifiability)
+        for gain in gains:
+            p += gain * (1.0 - p)
+        correct, source = self._draw(worker, task, digest, p, purpose)
+        if correct:
+            if task.is_code:
+                return True, task.solution or "# (no reference program known to the simulator)"
+            return True, task.record.gold[0]
+        if task.is_code:
+            return False, task.buggy or "def solution(*args):\n    return None"
+        options = [d for d in task.distractors if _norm_answer(d) not in avoid] or \
+            list(task.distractors)
+        pick = int(_unit(self.seed, "wrong", *source) * len(options))
+        return False, options[pick]
+
+    def _plan_tag(self, task: _Task, *, good: bool) -> str:
+        return "P-" + _hex(self.seed, "plan", task.record.sample_id, "good" if good else "weak")
+
+    def _candidates(self, task: _Task, blocks: list[_Block]) -> list[_Candidate]:
+        out = []
+        for index, block in enumerate(blocks):
+            if block.role in ("planner", "verifier") or _verdict(block):
+                continue
+            executed = ("pass" if _EXEC_PASS.search(block.text)
+                        else "fail" if _EXEC_FAIL.search(block.text) else None)
+            if task.is_code:
+                programs = _FENCE.findall(block.text)
+                if not programs:
+                    continue
+                answer = programs[-1].strip("\n")
+                key = _norm_program(answer)
+                correct = task.solution is not None and key == _norm_program(task.solution)
+            else:
+                tags = _ANSWER_TAG.findall(block.text)
+                if not tags or not tags[-1].strip():
+                    continue
+                answer = _norm_ws(tags[-1])
+                key = _norm_answer(answer)
+                correct = key in task.gold_keys
+            out.append(_Candidate(index, block.node, answer, key, correct, executed))
+        return out
+
+    def _rejections(self, blocks: list[_Block], candidates: list[_Candidate]) -> set[str]:
+        """Keys of candidates named by a FAIL verdict (or the nearest one before it)."""
+        rejected: set[str] = set()
+        for index, block in enumerate(blocks):
+            if _verdict(block) != "FAIL":
+                continue
+            location = " ".join(_LOCATION.findall(block.text))
+            named = [c for c in candidates
+                     if (c.node and f"[{c.node}]" in location)
+                     or ("\n" not in c.answer and f"`{c.answer}`" in location)]
+            if not named:
+                earlier = [c for c in candidates if c.index < index]
+                named = earlier[-1:] or candidates[:1]
+            rejected.update(c.key for c in named)
+        return rejected
+
+    # -------------------------------------------------------------- replies
+    def _reply(self, worker: str, profile: WorkerProfile, prompt: str, digest: str) -> str:
+        task = self._find(prompt)
+        if task is None:
+            return ("I could not find a question I can work on in this request, so I cannot "
+                    "give a reliable result.\n<answer>unknown</answer>")
+        start, end = self._question_span(prompt, task)
+        role = _detect_role(prompt[:start], prompt)
+        blocks = _split_blocks(prompt[end:])
+        if role == "planner":
+            return self._planner_reply(worker, profile, task, digest)
+        if role == "verifier":
+            return self._verifier_reply(worker, profile, task, digest, blocks)
+        if role == "summarizer":
+            return self._summarizer_reply(worker, profile, task, digest, prompt, blocks)
+        candidates = self._candidates(task, blocks)
+        avoid = self._rejections(blocks, candidates)
+        _, answer = self._solve(worker, profile, task, digest, prompt, avoid, "solve")
+        return self._answer_reply(worker, profile, task, digest, answer,
+                                  revised=bool(avoid), role=role)
+
+    def _steps(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
+               base: float) -> list[str]:
+        count = max(1, round(base * profile.verbosity * (1 + _level_index(task.difficulty))))
+        phrases = _STEP_PHRASES[task.record.domain]
+        # The phrases are in a sensible order; start at 0 or 1 and cycle, so longer
+        # derivations revisit earlier checks.
+        start = int(_unit(self.seed, "phrase", worker, digest) * 2)
+        return [f"Step {k + 1}: {phrases[(start + k) % len(phrases)]}" for k in range(count)]
+
+    def _answer_reply(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
+                      answer: str, *, revised: bool, role: str | None) -> str:
+        lines = []
+        if revised:
+            lines.append("The earlier attempt was rejected, so I redo the work and avoid that "
+                         "result.")
+        lines += self._steps(worker, profile, task, digest, 1.5)
+        if task.is_code:
+            lines.append("The implementation below follows these steps.")
+            lines.append(f"<answer>\n```python\n{answer.rstrip()}\n```\n</answer>")
+        else:
+            label = "candidate answer" if role == "executor" else "answer"
+            lines.append(f"So the {label} is {answer}.")
+            lines.append(f"<answer>{answer}</answer>")
+        return "\n".join(lines)
+
+    def _planner_reply(self, worker: str, profile: WorkerProfile, task: _Task, digest: str
+                       ) -> str:
+        p_good = 0.5 + 0.5 * profile.p_correct(task.record.domain, task.difficulty)
+        good = _unit(self.seed, "plan-quality", worker, digest) < p_good
+        steps = self._steps(worker, profile, task, digest, 1.0)
+        lines = [f"Plan reference: {self._plan_tag(task, good=good)}",
+                 "Sub-tasks for the executor, in order:"]
+        lines += [f"{k + 1}. {line.split(': ', 1)[1]}" for k, line in enumerate(steps)]
+        lines.append("Difficulties: keep every intermediate result and check it against the "
+                     "conditions of the question before combining.")
+        lines.append("I do not solve the problem here.")
+        return "\n".join(lines)
+
+    def _verifier_reply(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
+                        blocks: list[_Block]) -> str:
+        candidates = self._candidates(task, blocks)
+        if not candidates:
+            return ("FAIL\nLocation: no candidate output was provided\n"
+                    "Reason: there is nothing to check against the original question.\n"
+                    "Suggestion: reference the output that should be checked.")
+        skill = profile.p_correct(task.record.domain, task.difficulty)
+        catch = self.dynamics[task.record.domain].verifiability * (0.4 + 0.55 * skill)
+        false_reject = 0.15 * (1.0 - skill)
+        for c in candidates:
+            if c.executed == "pass":
+                continue
+            u = _unit(self.seed, "verify", worker, digest, c.index)
+            if c.executed == "fail" or (u < (false_reject if c.correct else catch)):
+                where = f"[{c.node}] " if c.node else ""
+                what = "the submitted program" if task.is_code else f"the candidate answer " \
+                                                                    f"`{c.answer}`"
+                return (f"FAIL\nLocation: {where}{what}\n"
+                        "Reason: the result does not satisfy the conditions of the original "
+                        "question when checked step by step.\n"
+                        "Suggestion: redo the derivation from the original question and "
+                        "check every intermediate value.")
+        return "PASS"
+
+    def _summarizer_reply(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
+                          prompt: str, blocks: list[_Block]) -> str:
+        candidates = self._candidates(task, blocks)
+        rejected = self._rejections(blocks, candidates)
+        passed = [c for c in candidates if c.executed == "pass"]
+        alive = [c for c in candidates if c.key not in rejected and c.executed != "fail"]
+        skill = profile.p_correct(task.record.domain, task.difficulty)
+        chosen: _Candidate | None = None
+        if passed:
+            chosen, why = passed[0], "its program passed the hidden tests"
+        elif alive:
+            counts: dict[str, int] = {}
+            for c in alive:
+                counts[c.key] = counts.get(c.key, 0) + 1
+            top = max(counts.values())
+            chosen = next(c for c in alive if counts[c.key] == top)
+            why = ("it is the majority among the unrejected candidates" if top > 1
+                   else "it was not rejected by the checks")
+            others = [c for c in alive if c.key != chosen.key]
+            if others and _unit(self.seed, "slip", worker, digest) < 0.1 * (1.0 - skill):
+                chosen, why = others[0], "its derivation looks more careful"
+        if chosen is not None:
+            where = f"[{chosen.node}]" if chosen.node else "the given candidate"
+            head = [f"I compared {len(candidates)} candidate output(s); I take {where} because "
+                    f"{why}."]
+            answer = chosen.answer
+        else:
+            head = ["No usable candidate remains, so I solve the problem myself."]
+            _, answer = self._solve(worker, profile, task, digest, prompt, rejected, "summarize")
+        body = self._answer_reply(worker, profile, task, digest, answer, revised=False,
+                                  role="summarizer")
+        return "\n".join(head) + "\n" + body
+
+
+_PREFIX = 40
+
+_STEP_PHRASES: Mapping[Domain, tuple[str, ...]] = {
+    Domain.MATH: (
+        "write down the given quantities and what the question asks for.",
+        "set up the relation between the quantities as an equation.",
+        "simplify the expression and compute the intermediate value.",
+        "substitute the intermediate value back and check it.",
+        "recheck the arithmetic of the last step.",
+        "make sure the result answers exactly what is asked."),
+    Domain.CODE: (
+        "restate the input and the expected output of the function.",
+        "choose a simple approach and note its complexity.",
+        "handle the edge cases: empty input and boundary values.",
+        "trace the approach by hand on a small example.",
+        "write the function with the exact requested name.",
+        "re-read the statement for off-by-one conditions."),
+    Domain.KNOWLEDGE: (
+        "recall what the question refers to.",
+        "go through the options one by one.",
+        "eliminate the options that clearly do not fit.",
+        "compare the remaining options with what I remember.",
+        "pick the option that matches best."),
+    Domain.REASON: (
+        "list every stated relation between the people.",
+        "chain the relations to build a partial order.",
+        "place each person in the order from tallest to shortest.",
+        "check that the order respects every statement.",
+        "count positions from the top to find the one asked for."),
+    Domain.RECALL: (
+        "identify the entity the question is about.",
+        "recall the facts associated with that entity.",
+        "make sure the fact matches the relation asked for.",
+        "state the fact in its usual form."),
+}

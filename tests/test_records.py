@@ -1,0 +1,232 @@
+"""Record schema: validation errors, reference row round trip, JSONL files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jax_routeweaver.data import Domain, Record, RecordError, read_jsonl, write_jsonl
+
+
+def make(**changes) -> Record:
+    fields = dict(sample_id="q-1", domain="MATH", dataset="math_l2-5", scorer_dataset="math",
+                  question="What is 2 + 3?", gold=["5"], meta={"level": 2}, pool="train",
+                  batch_index=4, forced_mode="multi", data_source="routeweaver")
+    fields.update(changes)
+    return Record(**fields)
+
+
+def code_record(**changes) -> Record:
+    fields = dict(sample_id="c-1", domain="CODE", dataset="apps", scorer_dataset="apps_functional",
+                  question="Write add(a, b).", gold=[],
+                  meta={"func_name": "add", "test_type": "functional",
+                        "tests": [{"input": [1, 2], "output": 3}]})
+    fields.update(changes)
+    return Record(**fields)
+
+
+# A row as the reference parquet holds it (§7.3), including keys we do not interpret.
+REFERENCE_ROW = {
+    "data_source": "routeweaver",
+    "prompt": [{"role": "user", "content": "You are a router. ...\nQuestion: What is 2 + 3?"}],
+    "ability": "routing",
+    "extra_info": {
+        "payload_json": json.dumps({"raw_question": "What is 2 + 3?", "gold": ["5", "five"],
+                                    "meta": {"level": 2}, "source": "MATH"}),
+        "scorer_dataset": "math",
+        "sample_id": "math-00017",
+        "batch_index": 25,
+        "domain": "MATH",
+        "pool": "main",
+        "dataset": "math_l2-5",
+        "forced_mode": "agentic",
+        "index": 17,
+    },
+}
+
+
+# ---------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"domain": "POETRY"}, "domain"),
+    ({"dataset": ""}, "dataset"),
+    ({"scorer_dataset": "no spaces allowed"}, "scorer_dataset"),
+    ({"question": "   "}, "question"),
+    ({"gold": []}, "gold"),
+    ({"gold": ["", " "]}, "gold"),
+    ({"gold": "5"}, "gold"),
+    ({"gold": ["5", None]}, "gold[1]"),
+    ({"gold": [True]}, "gold[0]"),
+    ({"meta": {"x": float("nan")}}, "meta"),
+    ({"meta": {"x": object()}}, "meta"),
+    ({"meta": ["not", "a", "dict"]}, "meta"),
+    ({"batch_index": -1}, "batch_index"),
+    ({"batch_index": 2.5}, "batch_index"),
+    ({"batch_index": True}, "batch_index"),
+    ({"forced_mode": "solo"}, "forced_mode"),
+    ({"pool": None}, "pool"),
+    ({"prompt": ""}, "prompt"),
+    ({"extras": {"extra_info.sample_id": "x"}}, "extras['extra_info.sample_id']"),
+])
+def test_validation_errors_name_field_and_sample_id(changes, field):
+    with pytest.raises(RecordError) as info:
+        make(**changes)
+    message = str(info.value)
+    assert f"field {field!r}" in message and "'q-1'" in message
+
+
+def test_sample_id_must_be_present():
+    with pytest.raises(RecordError, match="field 'sample_id'"):
+        make(sample_id="")
+
+
+def test_code_records_need_tests_and_func_name():
+    assert code_record().gold == ()
+    with pytest.raises(RecordError, match=r"'c-1'.*field 'meta.tests'"):
+        code_record(meta={"func_name": "add"})
+    with pytest.raises(RecordError, match=r"field 'meta.tests\[0\]'"):
+        code_record(meta={"func_name": "add", "tests": [{"input": [1]}]})
+    with pytest.raises(RecordError, match="field 'meta.func_name'"):
+        code_record(meta={"tests": [{"input": [1, 2], "output": 3}]})
+    stdin = code_record(scorer_dataset="stdin", meta={"tests": [{"input": "1 2", "output": "3"}]})
+    assert stdin.meta["tests"][0]["output"] == "3"
+
+
+def test_forgiving_inputs_are_normalised():
+    record = make(domain="recall", gold=[42, 1.5], forced_mode="")
+    assert record.domain is Domain.RECALL and record.gold == ("42", "1.5")
+    assert record.forced_mode is None
+    assert make(meta={"difficulty": "hard"}).difficulty == "hard" and make().difficulty is None
+    assert make().replace(batch_index=7).batch_index == 7
+    with pytest.raises(RecordError, match="batch_index"):
+        make().replace(batch_index=-3)
+
+
+# ---------------------------------------------------------------------------- rows
+def test_reference_row_round_trips_exactly():
+    record = Record.from_row(REFERENCE_ROW)
+    assert record.sample_id == "math-00017" and record.domain is Domain.MATH
+    assert record.question == "What is 2 + 3?" and record.gold == ("5", "five")
+    assert record.meta == {"level": 2} and record.batch_index == 25
+    assert record.forced_mode == "agentic" and record.prompt.startswith("You are a router.")
+    assert record.extras == {"ability": "routing", "extra_info.index": 17,
+                             "payload_json.source": "MATH"}
+    row = record.to_row()
+    assert row == REFERENCE_ROW
+    assert isinstance(row["extra_info"]["payload_json"], str)
+
+
+def test_row_without_optional_fields():
+    info = {"payload_json": json.dumps({"raw_question": "Who?", "gold": ["Ann"]}),
+            "scorer_dataset": "triviaqa", "sample_id": "r-1", "domain": "RECALL",
+            "dataset": "triviaqa"}
+    record = Record.from_row({"extra_info": info})
+    assert (record.meta, record.pool, record.batch_index, record.forced_mode, record.prompt,
+            record.data_source) == ({}, "", None, None, None, "")
+    assert Record.from_row(record.to_row()) == record
+
+
+class FakeNumpyInt:
+    """What pandas hands out for an int64 column (has `tolist` and `__index__`)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def tolist(self):
+        return self.value
+
+    def __index__(self):
+        return self.value
+
+
+def test_row_from_dataframe_like_values():
+    row = json.loads(json.dumps(REFERENCE_ROW))
+    row["extra_info"]["batch_index"] = FakeNumpyInt(30)
+    assert Record.from_row(row).batch_index == 30
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    (lambda r: r.pop("extra_info"), "extra_info"),
+    (lambda r: r["extra_info"].pop("payload_json"), "extra_info.payload_json"),
+    (lambda r: r["extra_info"].update(payload_json="{not json"), "extra_info.payload_json"),
+    (lambda r: r["extra_info"].update(payload_json='"a string"'), "extra_info.payload_json"),
+    (lambda r: r["extra_info"].update(payload_json='{"gold": ["5"]}'),
+     "extra_info.payload_json.raw_question"),
+    (lambda r: r["extra_info"].update(payload_json='{"raw_question": "q", "gold": "5"}'),
+     "extra_info.payload_json.gold"),
+    (lambda r: r["extra_info"].update(
+        payload_json='{"raw_question": "q", "gold": ["5"], "meta": [1]}'),
+     "extra_info.payload_json.meta"),
+    (lambda r: r["extra_info"].pop("domain"), "extra_info.domain"),
+    (lambda r: r["extra_info"].pop("scorer_dataset"), "extra_info.scorer_dataset"),
+    (lambda r: r.update(prompt=[{"role": "system", "content": "x"}]), "prompt"),
+    (lambda r: r.update(prompt="not a message list"), "prompt"),
+    (lambda r: r["extra_info"].update(forced_mode="everything"), "forced_mode"),
+])
+def test_bad_rows_name_the_field(mutate, field):
+    row = json.loads(json.dumps(REFERENCE_ROW))
+    mutate(row)
+    with pytest.raises(RecordError) as info:
+        Record.from_row(row)
+    assert f"field {field!r}" in str(info.value)
+    if field != "extra_info":
+        assert "math-00017" in str(info.value)
+
+
+texts = st.text(min_size=1, max_size=40).filter(lambda s: s.strip())
+
+
+@settings(max_examples=60, deadline=None)
+@given(sample_id=texts, domain=st.sampled_from(list(Domain)), question=texts,
+       gold=st.lists(texts, min_size=1, max_size=3),
+       meta=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8),
+                                                          st.lists(st.integers(), max_size=3)),
+                            max_size=3),
+       batch_index=st.one_of(st.none(), st.integers(0, 10_000)),
+       forced_mode=st.sampled_from([None, "single", "multi", "agentic"]),
+       prompt=st.one_of(st.none(), texts))
+def test_row_round_trip_property(sample_id, domain, question, gold, meta, batch_index,
+                                 forced_mode, prompt):
+    record = Record(sample_id=sample_id, domain=domain, dataset="d", scorer_dataset="qa_subem",
+                    question=question, gold=gold, meta=meta, batch_index=batch_index,
+                    forced_mode=forced_mode, prompt=prompt)
+    row = record.to_row()
+    assert Record.from_row(json.loads(json.dumps(row))) == record
+
+
+# ---------------------------------------------------------------------------- JSONL
+def test_jsonl_round_trip(tmp_path):
+    records = [make(), code_record(), Record.from_row(REFERENCE_ROW),
+               make(sample_id="q-2", question="Ünïcode — 質問?", gold=["✓"])]
+    path = tmp_path / "rows.jsonl"
+    assert write_jsonl(path, records) == 4
+    assert read_jsonl(path) == records
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 4 and "質問" in lines[3]  # UTF-8, not \\u escapes
+    assert json.loads(lines[2]) == REFERENCE_ROW
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_jsonl_bad_lines_name_file_and_line(tmp_path):
+    good = json.dumps(make().to_row())
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f"{good}\n\n{good}\n{{broken\n", encoding="utf-8")
+    with pytest.raises(RecordError, match=rf"^{path}:4: invalid JSON"):
+        read_jsonl(path)
+    row = make().to_row()
+    row["extra_info"]["domain"] = "ASTROLOGY"
+    path.write_text(f"{good}\n{json.dumps(row)}\n", encoding="utf-8")
+    with pytest.raises(RecordError, match=rf"^{path}:2: record 'q-1': field 'domain'"):
+        read_jsonl(path)
+    path.write_text("[1, 2]\n", encoding="utf-8")
+    with pytest.raises(RecordError, match=rf"^{path}:1: row: expected an object"):
+        read_jsonl(path)
+
+
+def test_write_jsonl_rejects_non_records_and_leaves_no_file(tmp_path):
+    path = tmp_path / "out.jsonl"
+    with pytest.raises(RecordError, match="item 1 is a dict"):
+        write_jsonl(path, [make(), {"sample_id": "x"}])
+    assert not path.exists() and not list(tmp_path.iterdir())
