@@ -1,0 +1,698 @@
+"""Worker channels (a YAML file) and the async OpenAI-compatible HTTP worker pool.
+
+Channel file (`configs/channels/*.yaml`; unknown keys are errors)::
+
+    price_table_version: fixed-reference-2026-09-20   # optional label
+    workers:
+      worker_1:                          # anonymous id, worker_<N>
+        description: "dense, 8.2B ..."   # shown to the router: never a model name or price
+        base_url: http://127.0.0.1:8012/v1   # POST {base_url}/chat/completions
+        model: qwen3-8b                  # served model name
+        timeout_s: 120                   # per-request timeout
+        api_key_env: OPENROUTER_API_KEY  # optional: NAME of the env var holding the key
+        extra_body: {...}                # optional: merged into the request body
+        price: {input: 0.02, output: 0.05}   # optional: USD per 1M tokens
+        backend: qwen3_8b                # optional: label the price is pinned to
+
+Secrets: a key is read from its environment variable at call time and sent only in the
+`Authorization` header. It is never stored on the pool or the config, never logged, never put in
+an error or a `WorkerCall`.
+
+Retry policy (reference `llm_client.ChatLLM`, §4.5), per call: up to `max_rounds` rounds within
+`total_budget_s`; in a round at most `attempts_per_round` load failures (429, 5xx, network
+errors, timeouts). A load failure puts the channel in a cooldown (429: 30 s, 503: 20 s, other
+5xx: 20 s, network: 15 s) shared by all calls to it; a key-less (local) channel is not asked
+while cooling, a keyed channel is asked while the round has budget left (the reference's
+single-key behaviour). An unparseable 200 ends the round. Between rounds the call sleeps
+`round_wait_s` (15 s), doubled if the round sent a request. 401/403 retire the credential (no
+retry, later calls refused); any other status (402, 404, ...) gives up. A failed call is
+`success=False` with empty text, never an exception: the trajectory is flagged infra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpx
+import yaml
+
+from jax_routeweaver.routing.calls import Usage, WorkerCall
+from jax_routeweaver.routing.pricing import WorkerPrice
+
+logger = logging.getLogger(__name__)
+
+WORKER_ID_PATTERN = re.compile(r"worker_[1-9][0-9]*")
+_ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A bearer token must be visible ASCII; anything else would make httpx raise an error that
+# quotes the header value, i.e. the key.
+_KEY_PATTERN = re.compile(r"[\x21-\x7e]+")
+
+_TOP_REQUIRED = {"workers"}
+_TOP_OPTIONAL = {"price_table_version"}
+_WORKER_REQUIRED = {"description", "base_url", "model", "timeout_s"}
+_WORKER_OPTIONAL = {"api_key_env", "extra_body", "price", "backend"}
+_PRICE_KEYS = {"input", "output"}
+# Set by the pool (§4.5); an extra_body that changed them would silently change the experiment.
+_RESERVED_BODY_KEYS = {"model", "messages", "temperature", "seed", "max_tokens", "stream", "n"}
+_SECRET_LIKE_KEY = re.compile(r"api_?key|secret|passw|authori[sz]ation|bearer|^key$|^token$")
+
+SPEND_STOP = "spend_stop"
+FINAL_CONTENT_MISSING = "final_content_missing"
+
+
+class ChannelConfigError(ValueError):
+    """A channel file is malformed; the message names the file and the field."""
+
+
+class MissingApiKeyError(RuntimeError):
+    """An environment variable named by `api_key_env` is unset or empty (value never shown)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Channel:
+    """One worker's endpoint. `api_key_env` is a variable NAME; the key itself is never held."""
+
+    worker: str
+    description: str
+    base_url: str
+    model: str
+    timeout_s: float
+    api_key_env: str | None = None
+    extra_body: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    price: WorkerPrice | None = None
+    backend: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelConfig:
+    """A loaded channel file: channels in catalog order (`worker_1`, `worker_2`, ...)."""
+
+    path: str
+    channels: tuple[Channel, ...]
+    price_table_version: str | None = None
+
+    def worker_ids(self) -> list[str]:
+        return [c.worker for c in self.channels]
+
+    def channel(self, worker: str) -> Channel:
+        for c in self.channels:
+            if c.worker == worker:
+                return c
+        raise KeyError(f"{self.path}: no worker {worker!r} (workers: {self.worker_ids()})")
+
+    def prices(self) -> dict[str, WorkerPrice]:
+        """Worker id -> price, for the workers whose entry has one."""
+        return {c.worker: c.price for c in self.channels if c.price is not None}
+
+    def backends(self) -> dict[str, str | None]:
+        """Worker id -> backend label (for `pricing.verify_pool`)."""
+        return {c.worker: c.backend for c in self.channels}
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def load_channels(path: str | os.PathLike[str]) -> ChannelConfig:
+    """Parse and validate a channel YAML file; raises ChannelConfigError naming file and field."""
+    path = str(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except OSError as err:
+        raise ChannelConfigError(f"{path}: cannot read channel file ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise ChannelConfigError(f"{path}: not valid YAML ({err})") from None
+    return parse_channels(raw, path)
+
+
+def parse_channels(raw: Any, path: str = "<channels>") -> ChannelConfig:
+    """Validate an already-parsed channel mapping (see the module docstring for the schema)."""
+    _check_keys(raw, path, "", _TOP_REQUIRED, _TOP_OPTIONAL)
+    workers = raw["workers"]
+    if not isinstance(workers, Mapping) or not workers:
+        raise ChannelConfigError(f"{path}: field 'workers' must be a non-empty mapping of "
+                                 "worker_<N> -> channel entry")
+    channels = [_parse_channel(worker, entry, path) for worker, entry in workers.items()]
+    channels.sort(key=lambda c: int(c.worker.split("_")[1]))
+    version = raw.get("price_table_version")
+    if version is not None and not isinstance(version, str):
+        raise ChannelConfigError(f"{path}: field 'price_table_version' must be a string")
+    return ChannelConfig(path=path, channels=tuple(channels), price_table_version=version)
+
+
+def _check_keys(raw: Any, path: str, where: str, required: set[str], optional: set[str]
+                ) -> None:
+    label = f"field '{where}'" if where else "the top level"
+    if not isinstance(raw, Mapping):
+        raise ChannelConfigError(f"{path}: {label} must be a mapping")
+    # Only key names are quoted, never values: a misplaced value could be a secret.
+    unknown = sorted(str(k) for k in raw if k not in required | optional)
+    if unknown:
+        hint = ""
+        if any(_SECRET_LIKE_KEY.search(k.lower()) for k in unknown):
+            hint = "; keys never go in the file: name an environment variable in api_key_env"
+        elif _RESERVED_BODY_KEYS & set(unknown):
+            hint = "; max_tokens, temperature and seed are pool settings, not channel settings"
+        raise ChannelConfigError(f"{path}: unknown field(s) {unknown} in {label} "
+                                 f"(allowed: {sorted(required | optional)}){hint}")
+    missing = sorted(required - set(raw))
+    if missing:
+        raise ChannelConfigError(f"{path}: missing field(s) {missing} in {label}")
+
+
+def _parse_channel(worker: Any, entry: Any, path: str) -> Channel:
+    if not isinstance(worker, str) or not WORKER_ID_PATTERN.fullmatch(worker):
+        raise ChannelConfigError(f"{path}: worker id {worker!r} under 'workers' must be "
+                                 "an anonymous id worker_<N> (N >= 1)")
+    where = f"workers.{worker}"
+    _check_keys(entry, path, where, _WORKER_REQUIRED, _WORKER_OPTIONAL)
+    model = _nonempty_str(entry, "model", path, where)
+    description = _nonempty_str(entry, "description", path, where)
+    backend = entry.get("backend")
+    if backend is not None:
+        backend = _nonempty_str(entry, "backend", path, where)
+    for name in (model, backend):
+        if name is not None and name.lower() in description.lower():
+            raise ChannelConfigError(f"{path}: field '{where}.description' names the model "
+                                     f"{name!r}; the router must never see model names")
+    return Channel(
+        worker=worker, description=description, model=model,
+        base_url=_base_url(entry["base_url"], path, f"{where}.base_url"),
+        timeout_s=_positive_number(entry["timeout_s"], path, f"{where}.timeout_s"),
+        api_key_env=_api_key_env(entry.get("api_key_env"), path, f"{where}.api_key_env"),
+        extra_body=_extra_body(entry.get("extra_body"), path, f"{where}.extra_body"),
+        price=_price(entry.get("price"), backend, path, f"{where}.price"),
+        backend=backend,
+    )
+
+
+def _nonempty_str(entry: Mapping[str, Any], key: str, path: str, where: str) -> str:
+    value = entry[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ChannelConfigError(f"{path}: field '{where}.{key}' must be a non-empty string")
+    return value.strip()
+
+
+def _positive_number(value: Any, path: str, field: str) -> float:
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value <= 0):
+        raise ChannelConfigError(f"{path}: field '{field}' must be a positive number of "
+                                 f"seconds, got {value!r}")
+    return float(value)
+
+
+def _base_url(value: Any, path: str, field: str) -> str:
+    if not isinstance(value, str):
+        raise ChannelConfigError(f"{path}: field '{field}' must be a URL string")
+    parts = urlsplit(value.strip())
+    if parts.username is not None or parts.password is not None:
+        # Not echoed: credentials embedded in a URL are a secret.
+        raise ChannelConfigError(f"{path}: field '{field}' must not embed credentials; "
+                                 "name an environment variable in api_key_env")
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ChannelConfigError(f"{path}: field '{field}' must be an http(s) base URL such as "
+                                 f"http://127.0.0.1:8000/v1, got {value!r}")
+    base = value.strip().rstrip("/")
+    if base.endswith("/chat/completions"):
+        raise ChannelConfigError(f"{path}: field '{field}' must be the base URL (…/v1); the "
+                                 f"pool appends /chat/completions, got {value!r}")
+    return base
+
+
+def _api_key_env(value: Any, path: str, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ENV_NAME_PATTERN.fullmatch(value):
+        # The value is not shown: the usual mistake is pasting the key itself here.
+        raise ChannelConfigError(f"{path}: field '{field}' must be the NAME of an environment "
+                                 "variable (letters, digits, _), not a key; value not shown")
+    return value
+
+
+def _extra_body(value: Any, path: str, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ChannelConfigError(f"{path}: field '{field}' must be a mapping with string keys")
+    reserved = sorted(_RESERVED_BODY_KEYS & set(value))
+    if reserved:
+        raise ChannelConfigError(f"{path}: field '{field}' must not set {reserved}: the pool "
+                                 "sets model, messages, temperature, seed and max_tokens")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise ChannelConfigError(f"{path}: field '{field}' must be JSON-serialisable") from None
+    return dict(value)
+
+
+def _price(value: Any, backend: str | None, path: str, field: str) -> WorkerPrice | None:
+    if value is None:
+        return None
+    _check_keys(value, path, field, _PRICE_KEYS, set())
+    try:
+        return WorkerPrice(value["input"], value["output"], backend)
+    except ValueError:
+        raise ChannelConfigError(f"{path}: field '{field}' needs input and output as finite "
+                                 f"numbers >= 0 (USD per 1M tokens), got {dict(value)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The HTTP pool
+
+
+@dataclasses.dataclass(frozen=True)
+class Cooldowns:
+    """Seconds a channel rests after a load failure, by class (reference values)."""
+
+    rate_limit_s: float = 30.0    # 429
+    capacity_s: float = 20.0      # 503
+    server_error_s: float = 20.0  # other 5xx
+    network_s: float = 15.0       # connection errors and timeouts
+
+
+_Kind = Literal["ok", "load_failure", "unparseable", "auth", "fatal"]
+
+
+@dataclasses.dataclass
+class _Attempt:
+    """What one HTTP request produced."""
+
+    kind: _Kind
+    code: str
+    cooldown_s: float = 0.0
+    text: str = ""
+    usage: Usage | None = None
+    reasoning_chars: int = 0
+    failed_usage: Usage | None = None
+
+
+@dataclasses.dataclass
+class _Trace:
+    """Per-call bookkeeping across attempts."""
+
+    attempts: int = 0
+    codes: list[str] = dataclasses.field(default_factory=list)
+    failed_usage: Usage | None = None
+
+    def add(self, attempt: _Attempt) -> None:
+        self.attempts += 1
+        if attempt.kind != "ok":
+            self.codes.append(attempt.code)
+        if attempt.failed_usage is not None:
+            self.failed_usage = (attempt.failed_usage if self.failed_usage is None
+                                 else self.failed_usage + attempt.failed_usage)
+
+
+@dataclasses.dataclass
+class _GiveUp:
+    reason: str
+
+
+@dataclasses.dataclass
+class _ChannelState:
+    """Process-local health of one channel (never persisted)."""
+
+    cooldown_until: float = -math.inf
+    # SHA-256 digests of keys the server rejected (401/403), so the key value is not kept.
+    rejected: set[str] = dataclasses.field(default_factory=set)
+
+
+class HttpWorkerPool:
+    """Workers behind OpenAI-compatible `POST {base_url}/chat/completions` endpoints.
+
+    One shared `httpx.AsyncClient` and one semaphore bound concurrent calls to `concurrency`;
+    both are created in, and tied to, the event loop of the first call. Request body:
+    `{model, messages: [{role: user, content: prompt}], temperature, seed, max_tokens}` with
+    the channel's `extra_body` merged. `sleep` / `clock` are injectable so tests run fast. If
+    `spend_stop_file` exists, keyed (paid) channels refuse before sending. Raises
+    MissingApiKeyError at construction if a named key variable is unset.
+    """
+
+    def __init__(self, channels: ChannelConfig, *, concurrency: int = 40,
+                 total_budget_s: float = 900.0, max_rounds: int = 6,
+                 default_max_tokens: int = 4096, temperature: float = 0.2, seed: int = 42,
+                 spend_stop_file: str | os.PathLike[str] | None = None,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 clock: Callable[[], float] = time.monotonic,
+                 cooldowns: Cooldowns = Cooldowns(), round_wait_s: float = 15.0,
+                 attempts_per_round: int = 2) -> None:
+        for name, value in (("concurrency", concurrency), ("max_rounds", max_rounds),
+                            ("default_max_tokens", default_max_tokens),
+                            ("attempts_per_round", attempts_per_round)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"HttpWorkerPool {name}={value!r} must be an int >= 1")
+        if not total_budget_s > 0:
+            raise ValueError(f"HttpWorkerPool total_budget_s={total_budget_s!r} must be > 0")
+        _require_keys(channels)
+        self._config = channels
+        self._channels = {c.worker: c for c in channels.channels}
+        self._state = {c.worker: _ChannelState() for c in channels.channels}
+        self._concurrency = concurrency
+        self._total_budget_s = float(total_budget_s)
+        self._max_rounds = max_rounds
+        self._default_max_tokens = default_max_tokens
+        self._temperature = temperature
+        self._seed = seed
+        self._spend_stop_file = (None if spend_stop_file is None
+                                 else Path(spend_stop_file).expanduser())
+        self._sleep = sleep
+        self._clock = clock
+        self._cooldowns = cooldowns
+        self._round_wait_s = round_wait_s
+        self._attempts_per_round = attempts_per_round
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (f"HttpWorkerPool(channels={self._config.path!r}, workers={self.worker_ids()}, "
+                f"concurrency={self._concurrency}, total_budget_s={self._total_budget_s})")
+
+    # -- WorkerPool protocol -----------------------------------------------------------------
+
+    def worker_ids(self) -> list[str]:
+        return list(self._channels)
+
+    def description(self, worker: str) -> str:
+        return self._channel(worker).description
+
+    async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
+                   ) -> WorkerCall:
+        """One worker call with retries; failures come back as `success=False`, never raised.
+
+        `total_budget_s` and `latency_s` count from when the call gets its concurrency slot.
+        Raises only for caller bugs: unknown worker (KeyError), bad `max_tokens` (ValueError),
+        a closed pool or another event loop (RuntimeError).
+        """
+        channel = self._channel(worker)
+        if max_tokens is not None and (isinstance(max_tokens, bool)
+                                       or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens={max_tokens!r} must be an int >= 1 or None")
+        client, semaphore = self._bind_loop()
+        async with semaphore:
+            started = self._clock()
+            trace = _Trace()
+            try:
+                return await self._call_with_retries(client, channel, prompt, max_tokens,
+                                                     started, trace)
+            except Exception as err:  # a bug here must cost one call, not the whole rollout
+                message = _scrub(f"{type(err).__name__}: {err}", self._key_or_none(channel))
+                logger.error("worker call to %s crashed: %s", worker, message)
+                return self._failure(channel, prompt, started, trace,
+                                     f"internal_error: {message}")
+
+    async def aclose(self) -> None:
+        """Close the HTTP client; the pool cannot be used afterwards."""
+        self._closed = True
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def __aenter__(self) -> HttpWorkerPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _channel(self, worker: str) -> Channel:
+        try:
+            return self._channels[worker]
+        except KeyError:
+            raise KeyError(f"unknown worker {worker!r}; offered: {self.worker_ids()}") from None
+
+    def _bind_loop(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        if self._closed:
+            raise RuntimeError("HttpWorkerPool is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            # The semaphore is the one bound; an httpx connection cap below it would queue
+            # requests inside httpx, where waiting counts against the request timeout.
+            limits = httpx.Limits(max_connections=None,
+                                  max_keepalive_connections=self._concurrency)
+            self._client = httpx.AsyncClient(limits=limits)
+            self._semaphore = asyncio.Semaphore(self._concurrency)
+        elif loop is not self._loop:
+            raise RuntimeError("HttpWorkerPool is tied to the event loop of its first call; "
+                               "create one pool per event loop")
+        assert self._client is not None and self._semaphore is not None
+        return self._client, self._semaphore
+
+    async def _call_with_retries(self, client: httpx.AsyncClient, channel: Channel,
+                                 prompt: str, max_tokens: int | None, started: float,
+                                 trace: _Trace) -> WorkerCall:
+        body = self._body(channel, prompt, max_tokens)
+        deadline = started + self._total_budget_s
+        for round_index in range(self._max_rounds):
+            sent_before = trace.attempts
+            outcome = await self._round(client, channel, body, deadline, trace)
+            if isinstance(outcome, _Attempt):
+                return self._success(channel, prompt, started, trace, outcome)
+            if isinstance(outcome, _GiveUp):
+                return self._failure(channel, prompt, started, trace, outcome.reason)
+            left = deadline - self._clock()
+            if left <= 0:
+                return self._failure(channel, prompt, started, trace, "budget_exhausted")
+            if round_index < self._max_rounds - 1:
+                # A round that sent requests waits longer than one that found the channel
+                # cooling: the provider is failing, not just resting.
+                factor = 2 if trace.attempts > sent_before else 1
+                await self._sleep(min(self._round_wait_s * factor, left))
+        return self._failure(channel, prompt, started, trace, "retries_exhausted")
+
+    async def _round(self, client: httpx.AsyncClient, channel: Channel, body: dict[str, Any],
+                     deadline: float, trace: _Trace) -> _Attempt | _GiveUp | None:
+        """One round: a successful attempt, a reason to give up, or None (try next round)."""
+        state = self._state[channel.worker]
+        load_failures = 0
+        while load_failures < self._attempts_per_round:
+            key, refusal = self._credential(channel)
+            if refusal is not None:
+                return _GiveUp(refusal)
+            if channel.api_key_env is None and state.cooldown_until > self._clock():
+                return None
+            left = deadline - self._clock()
+            if left <= 0:
+                return _GiveUp("budget_exhausted")
+            attempt = await self._send(client, channel, body, key, min(channel.timeout_s, left))
+            trace.add(attempt)
+            if attempt.kind == "ok":
+                return attempt
+            logger.debug("worker %s attempt %d failed: %s", channel.worker, trace.attempts,
+                         attempt.code)
+            if attempt.kind == "auth":
+                state.rejected.add(_digest(key))
+                return _GiveUp(f"auth_rejected: {attempt.code}")
+            if attempt.kind == "fatal":
+                return _GiveUp(f"gave_up: {attempt.code}")
+            if attempt.kind == "unparseable":
+                return None
+            load_failures += 1
+            state.cooldown_until = max(state.cooldown_until, self._clock() + attempt.cooldown_s)
+        return None
+
+    def _credential(self, channel: Channel) -> tuple[str | None, str | None]:
+        """(key, None), or (None, why this call must not send anything)."""
+        if channel.api_key_env is None:
+            key = None
+        else:
+            if self._spend_stop_file is not None and self._spend_stop_file.exists():
+                return None, f"{SPEND_STOP}: spend-stop file {self._spend_stop_file} exists"
+            key = self._key_or_none(channel)
+            if key is None:
+                return None, (f"missing_api_key: environment variable {channel.api_key_env} "
+                              "is not set")
+            if not _KEY_PATTERN.fullmatch(key):
+                return None, (f"invalid_api_key: the value of {channel.api_key_env} is not a "
+                              "valid bearer token (value not shown)")
+        if _digest(key) in self._state[channel.worker].rejected:
+            source = channel.api_key_env or "no key"
+            return None, f"auth_rejected: credential ({source}) was rejected earlier"
+        return key, None
+
+    @staticmethod
+    def _key_or_none(channel: Channel) -> str | None:
+        if channel.api_key_env is None:
+            return None
+        return os.environ.get(channel.api_key_env, "").strip() or None
+
+    def _body(self, channel: Channel, prompt: str, max_tokens: int | None) -> dict[str, Any]:
+        return {
+            "model": channel.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": self._temperature,
+            "seed": self._seed,
+            "max_tokens": max_tokens or self._default_max_tokens,
+            **copy.deepcopy(dict(channel.extra_body)),
+        }
+
+    async def _send(self, client: httpx.AsyncClient, channel: Channel, body: dict[str, Any],
+                    key: str | None, timeout_s: float) -> _Attempt:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            # httpx's timeout is per phase (connect, each read); asyncio.timeout caps the whole
+            # request, so a server that trickles bytes cannot outlive the budget.
+            async with asyncio.timeout(timeout_s):
+                response = await client.post(channel.url, json=body, headers=headers,
+                                             timeout=timeout_s)
+        except (TimeoutError, httpx.TimeoutException):
+            return _Attempt("load_failure", "timeout", self._cooldowns.network_s)
+        except httpx.HTTPError as err:
+            logger.debug("worker %s network error: %s", channel.worker,
+                         _scrub(f"{type(err).__name__}: {err}", key))
+            return _Attempt("load_failure", f"network:{type(err).__name__}",
+                            self._cooldowns.network_s)
+        return self._classify(response)
+
+    def _classify(self, response: httpx.Response) -> _Attempt:
+        status = response.status_code
+        data = _json_or_none(response.content)
+        if status == 200:
+            reply = _parse_reply(data)
+            if reply is None:
+                return _Attempt("unparseable", "unparseable_200",
+                                failed_usage=_failed_usage(data))
+            return reply
+        code = f"http_{status}"
+        failed = _failed_usage(data)
+        cooldowns = self._cooldowns
+        if status in (401, 403):
+            return _Attempt("auth", code, failed_usage=failed)
+        if status == 429:
+            return _Attempt("load_failure", code, cooldowns.rate_limit_s, failed_usage=failed)
+        if status == 503:
+            return _Attempt("load_failure", code, cooldowns.capacity_s, failed_usage=failed)
+        if status >= 500:
+            return _Attempt("load_failure", code, cooldowns.server_error_s, failed_usage=failed)
+        return _Attempt("fatal", code, failed_usage=failed)
+
+    def _success(self, channel: Channel, prompt: str, started: float, trace: _Trace,
+                 reply: _Attempt) -> WorkerCall:
+        error = None
+        if not reply.text and reply.reasoning_chars:
+            # The worker spent its budget reasoning and gave no answer: an empty observation,
+            # billed as usual; the reasoning text itself never leaves this module.
+            error = FINAL_CONTENT_MISSING
+        return WorkerCall(worker=channel.worker, prompt=prompt, text=reply.text, success=True,
+                          usage=reply.usage, failed_usage=trace.failed_usage,
+                          latency_s=self._clock() - started, attempts=trace.attempts,
+                          error=error, reasoning_chars=reply.reasoning_chars)
+
+    def _failure(self, channel: Channel, prompt: str, started: float, trace: _Trace,
+                 reason: str) -> WorkerCall:
+        error = reason if not trace.codes else f"{reason} (attempts: {', '.join(trace.codes)})"
+        logger.warning("worker %s call failed after %d attempt(s): %s", channel.worker,
+                       trace.attempts, error)
+        return WorkerCall(worker=channel.worker, prompt=prompt, text="", success=False,
+                          failed_usage=trace.failed_usage, latency_s=self._clock() - started,
+                          attempts=trace.attempts, error=error)
+
+
+def _require_keys(config: ChannelConfig) -> None:
+    missing: dict[str, list[str]] = {}
+    for channel in config.channels:
+        name = channel.api_key_env
+        if name is not None and not os.environ.get(name, "").strip():
+            missing.setdefault(name, []).append(channel.worker)
+    if missing:
+        listed = "; ".join(f"{name} (needed by {', '.join(ws)})" for name, ws in missing.items())
+        raise MissingApiKeyError(f"{config.path}: environment variable(s) not set: {listed}")
+
+
+def _digest(key: str | None) -> str:
+    return hashlib.sha256((key or "").encode()).hexdigest()
+
+
+def _scrub(text: str, key: str | None) -> str:
+    return text.replace(key, "***") if key else text
+
+
+# ---------------------------------------------------------------------------------------------
+# Response parsing
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:  # includes UnicodeDecodeError
+        return None
+
+
+def _parse_reply(data: Any) -> _Attempt | None:
+    """The observation is `choices[0].message.content` stripped, only; None if malformed."""
+    if not isinstance(data, dict):
+        return None
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        return None
+    # vLLM and OpenRouter name it `reasoning`, DeepSeek-style APIs `reasoning_content`.
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    reasoning_chars = len(reasoning) if isinstance(reasoning, str) else 0
+    return _Attempt("ok", "ok", text=content.strip(), usage=_parse_usage(data.get("usage")),
+                    reasoning_chars=reasoning_chars)
+
+
+def _parse_usage(raw: Any) -> Usage | None:
+    """Usage from an OpenAI-style `usage` object; None if absent or malformed.
+
+    Cached tokens come from `prompt_cache_hit_tokens` or `prompt_tokens_details.cached_tokens`
+    (providers that send both report the same number twice), clamped to [0, prompt_tokens].
+    """
+    if not isinstance(raw, dict) or not ({"prompt_tokens", "completion_tokens"} & set(raw)):
+        return None
+    prompt = _token_count(raw.get("prompt_tokens"))
+    completion = _token_count(raw.get("completion_tokens"))
+    if prompt is None or completion is None:
+        return None
+    cached_raw = raw.get("prompt_cache_hit_tokens")
+    if cached_raw is None:
+        details = raw.get("prompt_tokens_details")
+        cached_raw = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = _token_count(cached_raw) or 0
+    return Usage(prompt, completion, min(cached, prompt))
+
+
+def _token_count(value: Any) -> int | None:
+    """A reported token count: missing -> 0, negative -> 0, non-number -> None."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return max(0, int(value))
+
+
+def _failed_usage(data: Any) -> Usage | None:
+    """Usage reported by a failed attempt (billed too); None if absent or 0/0."""
+    usage = _parse_usage(data.get("usage")) if isinstance(data, dict) else None
+    if usage is None or (usage.prompt_tokens == 0 and usage.completion_tokens == 0):
+        return None
+    return usage
