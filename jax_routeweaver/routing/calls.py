@@ -33,7 +33,8 @@ class WorkerCall:
     reply's `message.content` stripped ("" on failure). `usage`: of the successful attempt
     (None if the server reported none). `failed_usage`: usage reported by failed attempts,
     billed too. `role` / `node`: agentic role and node id (None in single/multi), filled in by
-    the episode runner. `error`: why the call failed (never contains secrets).
+    the episode runner. `error`: why the call failed, or a note on a successful but empty
+    reply (`final_content_missing`); never contains secrets.
     """
 
     worker: str
