@@ -1,0 +1,241 @@
+"""RouteWeaver as an `episode.Env`: the protocol of `grammar.py` and `prompts.py`, turn by turn.
+
+Per episode: selector turn (or the forced declaration), the mode's rulebook as a user turn, then
+action turns until an answer, a violation (terminal unless recovery is on), the turn limit, the
+response window or an exhausted observation budget. Agentic turns are preceded by the
+routing-state header. With `constrained=True` every router turn carries a `Grammar` that only
+admits valid actions (`action_grammar`), so even a random-init router acts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from jax_routeweaver.data.records import Record
+from jax_routeweaver.routing import grammar as g
+from jax_routeweaver.routing import prompts
+from jax_routeweaver.routing.answers import extract_answer
+from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
+from jax_routeweaver.routing.episode import CallRequest, EnvFactory, Step, Trajectory, Turn
+from jax_routeweaver.sampling.base import Completion, SamplingParams
+from jax_routeweaver.sampling.constraints import Grammar
+
+# Reference router decoding (§1.3): train T 0.8, top-p 0.95, top-k off; eval greedy.
+TRAIN_SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, top_k=-1, max_new_tokens=512)
+EVAL_SAMPLING = SamplingParams(greedy=True, max_new_tokens=512)
+
+# Task and answer text: no tags or newlines, and a non-space first character (an empty task or
+# answer would be a violation); bounded so a whole action fits a turn's token cap.
+_TASK = r'[^<>\n ] [^<>\n]{0,47}'
+_ANSWER = r'"<answer>" [^<>\n ] [^<>\n]{0,31} "</answer>"'
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """Runner-side settings. `sampling`: router decoding (stops and max tokens are set per turn;
+    its `max_new_tokens` caps an action turn). `constrained`: grammar-constrained actions."""
+
+    protocol: g.ProtocolConfig = dataclasses.field(default_factory=g.ProtocolConfig)
+    sampling: SamplingParams = TRAIN_SAMPLING
+    constrained: bool = False
+
+
+class RouteWeaverEnv:
+    """One RouteWeaver episode over `workers` (catalog order) for `record`."""
+
+    def __init__(self, tokenizer: Any, workers: Sequence[tuple[str, str]], record: Record,
+                 config: EnvConfig, forced_mode: str | None = None):
+        self.tok = tokenizer
+        self.workers = list(workers)
+        self.offered = [w for w, _ in self.workers]
+        self.record = record
+        self.cfg = config
+        self.pc = config.protocol
+        self.state = g.RoutingState()
+        self.forced_mode = forced_mode
+        self.eos = tuple(config.sampling.stop_token_ids) or (tokenizer.eos_token_id,)
+        self._pending: tuple[g.PlannedCall, ...] = ()
+        self._before: g.RoutingState = self.state
+
+    # ------------------------------------------------------------------ Env protocol
+    def start(self, traj: Trajectory) -> list[int]:
+        if self.forced_mode is None:
+            return []
+        self.state = g.declare_forced_mode(self.state, g.Mode(self.forced_mode))
+        ids = self._encode(g.forced_declaration_text(self.state.mode, self.pc))
+        traj.forced, traj.mode, traj.mode_span_end = True, str(self.state.mode), len(ids)
+        return ids + self._after_mode(traj, len(ids))
+
+    def next_turn(self, traj: Trajectory) -> Turn | None:
+        if self._over(traj):
+            return None
+        room = self.pc.response_length - len(traj.response_ids)
+        if self.state.mode is None:
+            params = self._params(g.SELECTOR_STOPS, min(self.pc.selector_max_tokens, room))
+        else:
+            params = self._params(g.stop_strings(self.state.mode),
+                                  min(self.cfg.sampling.max_new_tokens, room))
+        grammar = action_grammar(self.state, self.offered, self.pc) if self.cfg.constrained \
+            else None
+        return Turn(params, grammar)
+
+    def context(self, traj: Trajectory) -> list[int]:
+        return traj.context_ids
+
+    def step(self, traj: Trajectory, completion: Completion) -> Step:
+        keep = len(completion.token_ids)
+        text = self.tok.decode(completion.token_ids, skip_special_tokens=True)
+        if self.state.mode is None:
+            outcome = g.handle_selector_turn(text)
+            self.state = g.record_selector_turn(self.state, outcome, self.pc)
+            if isinstance(outcome.decision, g.ModeDeclared):
+                end = len(traj.response_ids) + keep
+                traj.mode, traj.mode_span_end = str(self.state.mode), end
+                return Step(keep, self._after_mode(traj, end))
+            if not self._over(traj):  # recovery: one retry with the cue
+                return Step(keep, self._encode(g.chat_delta(prompts.SELECTOR_RETRY_CUE)))
+            return Step(keep)
+        outcome = g.handle_action_turn(text, self.state, self.offered, self.pc)
+        self._before = self.state
+        self.state = g.record_action_turn(self.state, outcome, self.pc)
+        decision = outcome.decision
+        if isinstance(decision, g.Dispatch):
+            self._pending = decision.calls
+            return Step(keep, calls=[self._request(c) for c in decision.calls])
+        if isinstance(decision, g.Rejected) and not self._over(traj):
+            cue = g.inline_env_text(prompts.violation_cue(decision.code))
+            return Step(keep, self._encode(cue) + self._header(traj, keep))
+        return Step(keep, self._header(traj, keep) if not self._over(traj) else [])
+
+    def observe(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> list[int]:
+        nodes = [self._node(p, c) for p, c in zip(self._pending, calls, strict=True)]
+        self.state = g.record_calls(self.state, nodes)
+        for node in nodes:
+            if node.role == g.Role.SUMMARIZER:
+                traj.summarizer_answer = node.candidate_answer
+        budget = g.turn_observation_budget(len(traj.response_ids), self.pc)
+        if budget <= 0:
+            self.state = g.record_notice(self.state, g.Notice.OBS_BUDGET_EXHAUSTED)
+            self._sync(traj)
+            traj.finish = "obs_budget_exhausted"
+            return []
+        share = g.observation_share(budget, len(nodes), self.state.mode, self.pc)
+        obs = g.observation_ids(g.frame_observation(self.state.mode, nodes), share,
+                                self._encode, self.pc).ids
+        return list(obs) + self._header(traj, len(obs))
+
+    # ------------------------------------------------------------------ helpers
+    def _encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def _params(self, stops: tuple[str, ...], max_tokens: int) -> SamplingParams:
+        return dataclasses.replace(self.cfg.sampling, stop_strings=stops,
+                                   stop_token_ids=self.eos, max_new_tokens=max(1, max_tokens))
+
+    def _after_mode(self, traj: Trajectory, used: int) -> list[int]:
+        """The rulebook user turn (if it fits the window), then the first header."""
+        rulebook = self._encode(g.chat_delta(prompts.mode_rulebook(self.state.mode,
+                                                                   self.workers, self.pc)))
+        if len(traj.response_ids) + used + len(rulebook) >= self.pc.response_length:
+            self.state = g.record_notice(self.state, g.Notice.RULES_BUDGET_EXHAUSTED)
+            return []
+        return rulebook + self._header(traj, used + len(rulebook))
+
+    def _header(self, traj: Trajectory, pending: int) -> list[int]:
+        """The agentic routing-state header before the next action turn (if it fits)."""
+        if self.state.mode != g.Mode.AGENTIC or not self.pc.routing_state \
+                or g.episode_over(self.state, self.pc):
+            return []
+        ids = self._encode(g.chat_delta(prompts.routing_state_header(self.state, self.pc)))
+        if len(traj.response_ids) + pending + len(ids) >= self.pc.response_length:
+            return []
+        return ids
+
+    def _request(self, call: g.PlannedCall) -> CallRequest:
+        payload = prompts.worker_payload(call, self.record.question, self._before, self.pc)
+        return CallRequest(call.worker, payload, self.pc.worker_max_tokens,
+                           None if call.role is None else str(call.role), call.node_id)
+
+    @staticmethod
+    def _node(planned: g.PlannedCall, call: WorkerCall) -> g.Node:
+        text = call.text if call.success else ""
+        return g.Node.from_call(planned, text, success=call.success,
+                                candidate_answer=extract_answer(text))
+
+    def _sync(self, traj: Trajectory) -> None:
+        traj.violation = None if self.state.policy_invalid is None \
+            else str(self.state.policy_invalid)
+        traj.answer = self.state.answer
+        traj.notices = [str(n) for n in self.state.notices]
+
+    def _over(self, traj: Trajectory) -> bool:
+        """Sync the record fields; set `finish` when the episode has ended."""
+        self._sync(traj)
+        if traj.finish is not None:
+            return True
+        if g.episode_over(self.state, self.pc):
+            traj.finish = ("answer" if self.state.answer is not None else "violation"
+                           if self.state.policy_invalid is not None else "turn_limit")
+        elif len(traj.response_ids) >= self.pc.response_length:
+            traj.finish = "length_limit"
+        return traj.finish is not None
+
+
+def routeweaver_envs(tokenizer: Any, workers: WorkerPool,
+                     config: EnvConfig | None = None) -> EnvFactory:
+    """An `EnvFactory` for `run_episodes`: selector prompt ids and a fresh env per episode.
+
+    A record's `forced_mode` (set by the curriculum) puts its episodes on the forced arm.
+    """
+    config = config or EnvConfig()
+    catalog = prompts.catalog_entries(workers)
+
+    def make(record: Record, repeat: int) -> tuple[list[int], RouteWeaverEnv]:
+        prompt = prompts.selector_prompt_ids(tokenizer, record.question)
+        return prompt, RouteWeaverEnv(tokenizer, catalog, record, config, record.forced_mode)
+
+    return make
+
+
+# ---------------------------------------------------------------------------- grammars
+def action_grammar(state: g.RoutingState, offered: Sequence[str],
+                   config: g.ProtocolConfig) -> Grammar:
+    """A grammar admitting only actions the protocol accepts in `state`.
+
+    Selector: one of the three declarations. single/multi: a route to an offered worker while
+    calls remain, an answer once enough calls were made. agentic: one route per layer (so no
+    duplicate or crowded layer), refs only to completed nodes, a verifier always and a
+    summarizer (after the first node) with refs, the last slot for the summarizer, then only
+    the answer; the layer message ends with the stop token.
+    """
+    if state.mode is None:
+        modes = " | ".join(f'"{m}"' for m in g.MODES)
+        return Grammar(f'root ::= "<mode>" ({modes}) "</mode>"')
+    workers = " | ".join(f'"{w}"' for w in offered)
+    if state.mode != g.Mode.AGENTIC:
+        required, limit = config.route_bounds(state.mode)
+        route = f'"<route model=\\"" ({workers}) "\\">" {_TASK} "</route>"'
+        options = ([route] if state.calls_used < limit else []) + (
+            [_ANSWER] if state.calls_used >= required else [])
+        return Grammar("root ::= " + " | ".join(options))
+    if state.summarizer_done:
+        return Grammar(f"root ::= {_ANSWER}")
+    nodes = state.completed_ids
+    refs_some = 'ref ("," ref){0,3}'
+    refs_any = '""' if not nodes else '"" | ' + refs_some
+    members = []
+    if state.calls_remaining(config) > 1:
+        members.append(('"planner" | "executor"', refs_any))
+        if nodes:
+            members.append(('"verifier"', refs_some))
+    members.append(('"summarizer"', refs_some if nodes else '""'))
+    rules = [f'root ::= {" | ".join(f"m{i}" for i in range(len(members)))}',
+             f"worker ::= {workers}"]
+    if nodes:
+        rules.append("ref ::= " + " | ".join(f'"{n}"' for n in nodes))
+    for i, (roles, refs) in enumerate(members):
+        rules.append(f'm{i} ::= "<route model=\\"" worker "\\" role=\\"" ({roles}) '
+                     f'"\\" refs=\\"" ({refs}) "\\">" {_TASK} "</route>"')
+    return Grammar("\n".join(rules), end_with_stop_token=True)

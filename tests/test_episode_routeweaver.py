@@ -1,0 +1,187 @@
+"""RouteWeaver episodes through the runner: scripted policies for every mode, simulated workers,
+and a random-init router acting validly under grammar constraints."""
+
+import pytest
+from flax import nnx
+from scripted import ScriptedSampler
+
+from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.qwen3 import Qwen3
+from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+from jax_routeweaver.routing import grammar as g
+from jax_routeweaver.routing.episode import run_episodes
+from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+from jax_routeweaver.sampling.base import SamplingParams
+from jax_routeweaver.sampling.constraints import GrammarConstraints
+from jax_routeweaver.sampling.jax_sampler import JaxSampler
+
+IM_END = 151645
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return build_qwen3_tokenizer(cache_dir=tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return synthetic_tasks(5, seed=0)
+
+
+def spans(traj, tok):
+    """(text, mask) runs of the response."""
+    out, cur, mask = [], [], None
+    for i, m in zip(traj.response_ids, traj.policy_mask, strict=True):
+        if m != mask and cur:
+            out.append((tok.decode(cur), mask))
+            cur = []
+        cur.append(i)
+        mask = m
+    out.append((tok.decode(cur), mask))
+    return out
+
+
+class TurnScript:
+    """Policy turns by episode progress: selector, then actions in order (per trajectory,
+    keyed by the question)."""
+
+    def __init__(self, turns):
+        self.turns = turns
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, context, params):
+        key = context.split("<|im_start|>assistant\n")[0]
+        k = self.seen.get(key, 0)
+        self.seen[key] = k + 1
+        return self.turns[min(k, len(self.turns) - 1)]
+
+
+def run(tok, tasks, turns, *, repeats=1, config=None, pool=None):
+    pool = pool or SimulatedWorkerPool(tasks, seed=3)
+    sampler = ScriptedSampler(tok, TurnScript(turns))
+    envs = routeweaver_envs(tok, pool, config or EnvConfig())
+    return run_episodes(tasks, sampler, pool, envs, repeats=repeats), sampler
+
+
+def test_single_mode_episode(tok, tasks):
+    trajs, sampler = run(tok, tasks[:1], [
+        "<mode>single</mode>", '<route model="worker_3">Solve the question.</route>',
+        "<answer>7</answer>"])
+    (t,) = trajs
+    assert (t.mode, t.answer, t.finish, t.violation, t.turns) == ("single", "7", "answer",
+                                                                   None, 3)
+    assert [c.worker for c in t.calls] == ["worker_3"] and t.calls[0].node == "n1"
+    assert t.record.question in t.calls[0].prompt
+    runs = spans(t, tok)
+    assert [m for _, m in runs] == [1, 0, 1, 0, 1]
+    assert runs[0][0] == "<mode>single</mode>"
+    assert runs[1][0].startswith("<|im_end|>\n<|im_start|>user\nYour mode is single.")
+    assert runs[3][0].startswith("\n\n<observation>") and runs[3][0].endswith(
+        "</observation>\n\n")
+    mode_ids = tok.encode("<mode>single</mode>", add_special_tokens=False)
+    assert t.mode_span_end == len(mode_ids) == 7
+    # Selector turn sampled with its own stops and 64-token cap; action turns with theirs.
+    selector_params, action_params = sampler.calls[0][1], sampler.calls[1][1]
+    assert selector_params.stop_strings == g.SELECTOR_STOPS
+    assert selector_params.max_new_tokens == 64
+    assert action_params.stop_strings == g.SINGLE_MULTI_STOPS
+
+
+def test_multi_mode_needs_two_calls(tok, tasks):
+    (t,), _ = run(tok, tasks[:1], [
+        "<mode>multi</mode>", '<route model="worker_1">Part one.</route>',
+        "<answer>early</answer>"])
+    assert t.violation == "answer_premature" and t.finish == "violation"
+    assert len(t.calls) == 1
+    (t,), _ = run(tok, tasks[:1], [
+        "<mode>multi</mode>", '<route model="worker_1">Part one.</route>',
+        '<route model="worker_2">Part two.</route>', "<answer>done</answer>"])
+    assert t.answer == "done" and [c.worker for c in t.calls] == ["worker_1", "worker_2"]
+
+
+def test_agentic_layer_runs_in_parallel_with_headers(tok, tasks):
+    (t,), _ = run(tok, tasks[:1], [
+        "<mode>agentic</mode>",
+        '<route model="worker_3" role="executor" refs="">Solve it.</route>\n'
+        '<route model="worker_6" role="executor" refs="">Solve it again.</route><|im_end|>',
+        '<route model="worker_5" role="summarizer" refs="n1,n2">Reconcile.</route><|im_end|>',
+        "<answer>x</answer>"])
+    assert t.finish == "answer" and t.answer == "x"
+    assert [(c.worker, c.role, c.node) for c in t.calls] == [
+        ("worker_3", "executor", "n1"), ("worker_6", "executor", "n2"),
+        ("worker_5", "summarizer", "n3")]
+    assert "[n1] (from executor)" in t.calls[2].prompt  # refs spliced into the payload
+    assert t.summarizer_answer is not None
+    text = tok.decode(t.response_ids)
+    assert text.count("Routing state:") == 3
+    assert "Completed node IDs: n1, n2" in text
+    assert '<observation id="n1" role="executor">' in text
+
+
+def test_forced_arm(tok, tasks):
+    forced = [r.replace(forced_mode="multi") for r in tasks[:1]]
+    (t,), sampler = run(tok, forced, [
+        '<route model="worker_1">a</route>', '<route model="worker_2">b</route>',
+        "<answer>z</answer>"])
+    assert t.forced and t.mode == "multi" and t.answer == "z"
+    runs = spans(t, tok)
+    assert runs[0] == ("<|im_end|>\n<|im_start|>user\n<mode>multi</mode><|im_end|>\n"
+                       "<|im_start|>assistant\n" + runs[0][0].split("<|im_start|>assistant\n",
+                                                                   1)[1], 0)
+    forced_ids = tok.encode(g.forced_declaration_text(g.Mode.MULTI, g.ProtocolConfig()),
+                            add_special_tokens=False)
+    assert t.mode_span_end == len(forced_ids)
+    assert sampler.calls[0][1].stop_strings == g.SINGLE_MULTI_STOPS  # no selector turn
+
+
+def test_violations_end_the_episode_and_turn_limit(tok, tasks):
+    (t,), _ = run(tok, tasks[:1], ["I pick <mode>solo</mode>"])
+    assert t.violation == "selector_mode_invalid" and t.finish == "violation" and t.turns == 1
+    (t,), _ = run(tok, tasks[:1], ["<mode>single</mode>", '<route model="worker_9">x</route>'])
+    assert t.violation == "unknown_model" and t.calls == []
+    # Recovery on: the cue is injected and the policy retries; 10 action turns at most.
+    config = EnvConfig(protocol=g.ProtocolConfig(recovery=True))
+    (t,), _ = run(tok, tasks[:1], ["<mode>single</mode>", "no action here"], config=config)
+    assert t.finish == "turn_limit" and t.turns == 11 and t.violation is None
+    assert t.notices == [] and "Invalid action (route_missing)" in tok.decode(t.response_ids)
+
+
+def test_infra_failure_is_flagged(tok, tasks):
+    pool = SimulatedWorkerPool(tasks, seed=0, failure_rate=1.0)
+    (t,), _ = run(tok, tasks[:1], ["<mode>single</mode>", '<route model="worker_1">a</route>',
+                                   "<answer>q</answer>"], pool=pool)
+    assert t.infra_failed and t.answer == "q"
+    assert "<observation></observation>" in tok.decode(t.response_ids)
+
+
+def test_observation_budget_truncates(tok, tasks):
+    config = EnvConfig(protocol=g.ProtocolConfig(observation_cap=40))
+    (t,), _ = run(tok, tasks[:1], ["<mode>single</mode>", '<route model="worker_3">a</route>',
+                                   "<answer>q</answer>"], config=config)
+    obs = [text for text, m in spans(t, tok) if m == 0 and text.startswith("\n\n<observation>")]
+    assert len(obs) == 1 and "... [observation truncated] ..." in obs[0]
+    assert len(tok.encode(obs[0], add_special_tokens=False)) <= 40
+
+
+@pytest.mark.slow
+def test_random_router_acts_validly_under_grammar(tok, tasks):
+    """A random-init tiny router with grammar constraints: never a violation, all modes."""
+    cfg = ModelConfig(vocab_size=151_936, hidden_size=32, intermediate_size=64, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=32)
+    model = Qwen3(cfg, rngs=nnx.Rngs(0))
+    sampler = JaxSampler(model, decode=tok.decode, pad_id=151643,
+                         constraints=GrammarConstraints(tok, cfg.vocab_size))
+    pool = SimulatedWorkerPool(tasks, seed=0)
+    config = EnvConfig(sampling=SamplingParams(temperature=1.0, max_new_tokens=96, seed=5),
+                       constrained=True)
+    trajs = run_episodes(tasks, sampler, pool, routeweaver_envs(tok, pool, config), repeats=3)
+    assert all(t.violation is None for t in trajs), [
+        (t.violation, tok.decode(t.response_ids)[-300:]) for t in trajs if t.violation]
+    assert {t.mode for t in trajs} <= {"single", "multi", "agentic"}
+    assert len({t.mode for t in trajs}) >= 2
+    for t in trajs:
+        assert t.finish in ("answer", "turn_limit", "length_limit"), t.finish
+        assert len(t.response_ids) == len(t.policy_mask) == len(t.logprobs)
+        if t.mode != "agentic":
+            assert t.finish == "answer" and len(t.calls) >= 1
