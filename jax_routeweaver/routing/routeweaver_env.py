@@ -46,7 +46,8 @@ class RouteWeaverEnv:
     """One RouteWeaver episode over `workers` (catalog order) for `record`."""
 
     def __init__(self, tokenizer: Any, workers: Sequence[tuple[str, str]], record: Record,
-                 config: EnvConfig, forced_mode: str | None = None):
+                 config: EnvConfig, forced_mode: str | None = None,
+                 rulebooks: dict[g.Mode, list[int]] | None = None):
         self.tok = tokenizer
         self.workers = list(workers)
         self.offered = [w for w, _ in self.workers]
@@ -58,6 +59,8 @@ class RouteWeaverEnv:
         self.eos = tuple(config.sampling.stop_token_ids) or (tokenizer.eos_token_id,)
         self._pending: tuple[g.PlannedCall, ...] = ()
         self._before: g.RoutingState = self.state
+        # Rulebook ids by mode: the same text in every episode of a run, so shared.
+        self._rulebooks = rulebooks if rulebooks is not None else {}
 
     # ------------------------------------------------------------------ Env protocol
     def start(self, traj: Trajectory) -> list[int]:
@@ -136,8 +139,11 @@ class RouteWeaverEnv:
 
     def _after_mode(self, traj: Trajectory, used: int) -> list[int]:
         """The rulebook user turn (if it fits the window), then the first header."""
-        rulebook = self._encode(g.chat_delta(prompts.mode_rulebook(self.state.mode,
-                                                                   self.workers, self.pc)))
+        mode = self.state.mode
+        if mode not in self._rulebooks:
+            self._rulebooks[mode] = self._encode(g.chat_delta(
+                prompts.mode_rulebook(mode, self.workers, self.pc)))
+        rulebook = self._rulebooks[mode]
         if len(traj.response_ids) + used + len(rulebook) >= self.pc.response_length:
             self.state = g.record_notice(self.state, g.Notice.RULES_BUDGET_EXHAUSTED)
             return []
@@ -191,10 +197,12 @@ def routeweaver_envs(tokenizer: Any, workers: WorkerPool,
     """
     config = config or EnvConfig()
     catalog = prompts.catalog_entries(workers)
+    rulebooks: dict[g.Mode, list[int]] = {}
 
     def make(record: Record, repeat: int) -> tuple[list[int], RouteWeaverEnv]:
         prompt = prompts.selector_prompt_ids(tokenizer, record.question)
-        return prompt, RouteWeaverEnv(tokenizer, catalog, record, config, record.forced_mode)
+        return prompt, RouteWeaverEnv(tokenizer, catalog, record, config, record.forced_mode,
+                                      rulebooks)
 
     return make
 
