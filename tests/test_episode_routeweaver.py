@@ -185,3 +185,43 @@ def test_random_router_acts_validly_under_grammar(tok, tasks):
         assert len(t.response_ids) == len(t.policy_mask) == len(t.logprobs)
         if t.mode != "agentic":
             assert t.finish == "answer" and len(t.calls) >= 1
+
+
+class CountingPool:
+    """Wraps a pool; records the most calls in flight at once."""
+
+    def __init__(self, pool):
+        self.pool, self.in_flight, self.peak = pool, 0, 0
+
+    def worker_ids(self):
+        return self.pool.worker_ids()
+
+    def description(self, worker):
+        return self.pool.description(worker)
+
+    async def call(self, worker, prompt, *, max_tokens=None):
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            return await self.pool.call(worker, prompt, max_tokens=max_tokens)
+        finally:
+            self.in_flight -= 1
+
+
+def test_calls_run_concurrently_across_layers_and_trajectories_and_are_costed(tok, tasks):
+    from jax_routeweaver.routing.pricing import REFERENCE_PRICES, trajectory_cost
+
+    pool = CountingPool(SimulatedWorkerPool(tasks, seed=3, latency_s=0.05))
+    layer = ('<route model="worker_3" role="executor" refs="">Solve it.</route>\n'
+             '<route model="worker_6" role="executor" refs="">Again.</route><|im_end|>')
+    sampler = ScriptedSampler(tok, TurnScript(["<mode>agentic</mode>", layer,
+                                               '<route model="worker_5" role="summarizer" '
+                                               'refs="n1,n2">Reconcile.</route><|im_end|>',
+                                               "<answer>x</answer>"]))
+    trajs = run_episodes(tasks[:3], sampler, pool, routeweaver_envs(tok, pool), repeats=1,
+                         prices=REFERENCE_PRICES)
+    # Round 2: three trajectories x two layer members, all in flight together.
+    assert pool.peak == 6
+    for t in trajs:
+        assert t.cost == trajectory_cost(t.calls, REFERENCE_PRICES)
+        assert t.cost.complete and t.cost.cost_usd > 0

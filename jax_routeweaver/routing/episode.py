@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
+from jax_routeweaver.routing.pricing import CostSummary, Prices, trajectory_cost
 from jax_routeweaver.sampling.base import Completion, Sampler, SamplingParams
 
 
@@ -32,6 +33,7 @@ class Trajectory:
     `notices`: non-terminal records. `answer`: the router's; `summarizer_answer`: the agentic
     summarizer's candidate. `infra_failed`: a worker call finally failed (the trajectory is
     dropped from the gradient, never scored as wrong). `finish`: why the episode ended.
+    `cost`: worker cost of the episode (with `prices` given to `run_episodes`).
     """
 
     record: Record
@@ -52,6 +54,7 @@ class Trajectory:
     policy_versions: list[int] = dataclasses.field(default_factory=list)
     infra_failed: bool = False
     finish: str | None = None
+    cost: CostSummary | None = None
 
     @property
     def done(self) -> bool:
@@ -142,10 +145,12 @@ class EpisodeStats:
 
 async def run_episodes_async(records: Sequence[Record], sampler: Sampler, workers: WorkerPool,
                              make_env: EnvFactory, *, repeats: int = 1,
+                             prices: Prices | None = None,
                              stats: EpisodeStats | None = None) -> list[Trajectory]:
     """Run `len(records) × repeats` episodes; trajectories in (record, repeat) order.
 
-    `make_env(record, repeat)` -> (prompt ids, env). `stats`, if given, is filled in.
+    `make_env(record, repeat)` -> (prompt ids, env). `prices`: fill each trajectory's `cost`.
+    `stats`, if given, is filled in.
     """
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1")
@@ -188,15 +193,19 @@ async def run_episodes_async(records: Sequence[Record], sampler: Sampler, worker
             traj.infra_failed |= any(not c.success for c in calls)
             traj.add_env(env.observe(traj, calls))
         stats.env_cpu_s += time.process_time() - cpu
-    return [t for t, _ in episodes]
+    trajectories = [t for t, _ in episodes]
+    if prices is not None:
+        for traj in trajectories:
+            traj.cost = trajectory_cost(traj.calls, prices)
+    return trajectories
 
 
 def run_episodes(records: Sequence[Record], sampler: Sampler, workers: WorkerPool,
-                 make_env: EnvFactory, *, repeats: int = 1,
+                 make_env: EnvFactory, *, repeats: int = 1, prices: Prices | None = None,
                  stats: EpisodeStats | None = None) -> list[Trajectory]:
     """Synchronous `run_episodes_async` (starts and closes its own event loop)."""
-    return asyncio.run(run_episodes_async(records, sampler, workers, make_env,
-                                          repeats=repeats, stats=stats))
+    return asyncio.run(run_episodes_async(records, sampler, workers, make_env, repeats=repeats,
+                                          prices=prices, stats=stats))
 
 
 def _sample(sampler: Sampler, turns: list[tuple[Trajectory, Env, Turn]]) -> list[Completion]:
