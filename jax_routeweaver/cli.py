@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -134,7 +135,8 @@ def _export_hf(args: argparse.Namespace) -> int:
 # The embedded default, CPU and no keys. Until the RL loop lands it runs every part that exists
 # end to end: real Qwen3 tokenizer (offline), a tiny Qwen3 router born sharded over the local
 # devices, an orbax policy checkpoint and its restore, HF export checked against transformers,
-# and a chat-templated generation through the in-process JAX sampler.
+# a chat-templated generation through the in-process JAX sampler, and RouteWeaver episodes of
+# the (random-init, grammar-constrained) router against the simulated worker pool.
 QUICKSTART_ROUTER = dict(vocab_size=151_936, hidden_size=64, intermediate_size=192, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=5_000_000.0,
                          tie_word_embeddings=True, max_position_embeddings=4096,
@@ -146,6 +148,8 @@ def _quickstart_arguments(p: argparse.ArgumentParser) -> None:
                    help="output directory (default: runs/quickstart; replaced if it exists)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--queries", type=int, default=4, help="synthetic queries for the episodes")
+    p.add_argument("--repeats", type=int, default=2, help="episodes per query")
 
 
 def _quickstart(args: argparse.Namespace) -> int:
@@ -204,10 +208,39 @@ def _quickstart(args: argparse.Namespace) -> int:
     out = sampler.generate([ids], params)[0]
     table.add_row("sampler", f"{len(out.token_ids)} tokens, finish={out.finish_reason}, "
                              f"mean logprob {np.mean(out.logprobs):.2f}")
+    trajs = _quickstart_episodes(args, tokenizer, model, cfg)
+    modes = Counter(t.mode for t in trajs)
+    finishes = Counter(t.finish for t in trajs)
+    cost = sum(t.cost.cost_usd for t in trajs)
+    table.add_row("episodes", f"{len(trajs)} on simulated workers: modes {dict(modes)}, "
+                              f"finish {dict(finishes)}, {sum(len(t.calls) for t in trajs)} "
+                              f"calls, ${cost:.6f}")
     console.print(table)
     console.print("[bold]generation[/] (random weights: expect noise)",
                   repr(tokenizer.decode(out.token_ids)))
-    return 0 if diff < 1e-4 else 1
+    violations = [t.violation for t in trajs if t.violation is not None]
+    return 0 if diff < 1e-4 and not violations else 1
+
+
+def _quickstart_episodes(args: argparse.Namespace, tokenizer, model, cfg) -> list:
+    """RouteWeaver episodes of the router against the simulated pool (a simulation of paid
+    LLM APIs); grammar constraints keep every action of the random-init router valid."""
+    from jax_routeweaver.routing.episode import run_episodes
+    from jax_routeweaver.routing.pricing import REFERENCE_PRICES
+    from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
+    from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+    from jax_routeweaver.sampling.base import SamplingParams
+    from jax_routeweaver.sampling.constraints import GrammarConstraints
+    from jax_routeweaver.sampling.jax_sampler import JaxSampler
+
+    tasks = synthetic_tasks(args.queries, seed=args.seed)
+    pool = SimulatedWorkerPool(tasks, seed=args.seed)
+    sampler = JaxSampler(model, decode=tokenizer.decode, pad_id=cfg.pad_token_id,
+                         constraints=GrammarConstraints(tokenizer, cfg.vocab_size))
+    config = EnvConfig(sampling=SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=96,
+                                               seed=args.seed), constrained=True)
+    return run_episodes(tasks, sampler, pool, routeweaver_envs(tokenizer, pool, config),
+                        repeats=args.repeats, prices=REFERENCE_PRICES)
 
 
 COMMANDS: tuple[Command, ...] = (
