@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_routeweaver.data import Domain, Record, RecordError, read_jsonl, write_jsonl
+from jax_routeweaver.data.records import Domain, Record, RecordError, read_jsonl, write_jsonl
 
 
 def make(**changes) -> Record:

@@ -14,7 +14,7 @@ from tiny_models import make_hf_model
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import SAMPLE_RULES, make_mesh
-from jax_routeweaver.sampling import (
+from jax_routeweaver.sampling.base import (
     Completion,
     Sampler,
     SamplingParams,
