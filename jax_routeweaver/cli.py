@@ -243,6 +243,107 @@ def _quickstart_episodes(args: argparse.Namespace, tokenizer, model, cfg) -> lis
                         repeats=args.repeats, prices=REFERENCE_PRICES)
 
 
+# ------------------------------------------------------------------------------ calibrate-cost
+_DUMP_SCHEMA = """\
+DUMP is a JSONL file of rollouts, one JSON object per line (blank lines skipped), e.g. the rows
+of `Rewards.as_row()`:
+  cost_usd       number >= 0: worker cost of the trajectory in USD, at the reference price
+                 table (read only for kept rows; may be null otherwise)
+  infra_failed   0/1 (or false/true): system failure; the row is skipped
+  cost_complete  0/1 (or false/true): every call had usage and a price; 0 rows are skipped
+  price_table_version  optional string; if present it must be the reference table's version
+Other fields are ignored. C_ref is the q-quantile (linear interpolation, pos = q·(n−1)) of
+cost_usd over the kept rows, correct and wrong alike (reference routeweaver.md §4.4)."""
+
+
+def _calibrate_cost_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = _DUMP_SCHEMA
+    p.add_argument("dump", type=Path, metavar="DUMP", help="JSONL rollout dump (schema below)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="cost-reference JSON to write (default: cost_ref.json next to DUMP)")
+    p.add_argument("--q", type=_quantile, default=0.95,
+                   help="quantile in (0, 1] (default: 0.95, the paper's P95)")
+
+
+def _quantile(text: str) -> float:
+    try:
+        q = float(text)
+    except ValueError:
+        q = float("nan")
+    if not 0.0 < q <= 1.0:
+        raise argparse.ArgumentTypeError(f"invalid quantile {text!r}: expected 0 < q <= 1")
+    return q
+
+
+def _dump_flag(row: dict, name: str, where: str) -> bool:
+    if name not in row:
+        raise ValueError(f"{where}: missing field {name!r}")
+    value = row[name]
+    if value not in (0, 1) or not isinstance(value, int | bool):
+        raise ValueError(f"{where}: {name}={value!r} must be 0/1 or false/true")
+    return bool(value)
+
+
+def read_cost_dump(path: Path, price_table_version: str) -> list[dict]:
+    """The rows of a `calibrate-cost` DUMP, validated; errors name the file and line."""
+    import json
+    import math
+
+    rows: list[dict] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            infra, complete = (_dump_flag(row, n, where)
+                               for n in ("infra_failed", "cost_complete"))
+            version = row.get("price_table_version", price_table_version)
+            if version != price_table_version:
+                raise ValueError(f"{where}: price_table_version {version!r} is not the "
+                                 f"reference table {price_table_version!r}")
+            cost = row.get("cost_usd")
+            if not infra and complete and (
+                    isinstance(cost, bool) or not isinstance(cost, int | float)
+                    or not math.isfinite(cost) or cost < 0):
+                raise ValueError(f"{where}: cost_usd={cost!r} must be a finite number >= 0")
+            rows.append({"cost_usd": cost, "infra_failed": infra, "cost_complete": complete})
+    return rows
+
+
+def _calibrate_cost(args: argparse.Namespace) -> int:
+    import json
+
+    from jax_routeweaver.routing.pricing import (
+        PRICE_TABLE_VERSION,
+        REFERENCE_PRICES,
+        c_ref_from_costs,
+    )
+
+    rows = read_cost_dump(args.dump, PRICE_TABLE_VERSION)
+    try:
+        result = c_ref_from_costs(rows, q=args.q)
+    except ValueError as e:
+        raise ValueError(f"{args.dump}: {e}") from None
+    if args.q != 0.95:
+        result = dataclasses.replace(result, statistic=f"P{args.q * 100:g} of per-trajectory "
+                                                       "worker cost")
+    out = args.out if args.out is not None else args.dump.parent / "cost_ref.json"
+    record = result.to_record(REFERENCE_PRICES, PRICE_TABLE_VERSION)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"C_ref = {result.c_ref_usd!r} USD ({result.statistic}; n={result.n_reference_rollouts}"
+          f", skipped {result.n_skipped_infra_failed} infra-failed and "
+          f"{result.n_skipped_cost_incomplete} cost-incomplete) -> {out}")
+    return 0
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("import-hf", "convert a Hugging Face checkpoint into a policy checkpoint step",
             _import_hf_arguments, _import_hf),
@@ -250,6 +351,8 @@ COMMANDS: tuple[Command, ...] = (
             _export_hf_arguments, _export_hf),
     Command("quickstart", "run the embedded default on CPU (no keys, nothing downloaded)",
             _quickstart_arguments, _quickstart),
+    Command("calibrate-cost", "compute C_ref (P95 of per-trajectory worker cost) from a "
+            "rollout dump and write cost_ref.json", _calibrate_cost_arguments, _calibrate_cost),
 )
 
 
