@@ -225,3 +225,48 @@ def test_calls_run_concurrently_across_layers_and_trajectories_and_are_costed(to
     for t in trajs:
         assert t.cost == trajectory_cost(t.calls, REFERENCE_PRICES)
         assert t.cost.complete and t.cost.cost_usd > 0
+
+
+AGENTIC_CODE = ["<mode>agentic</mode>",
+                '<route model="worker_3" role="executor" refs="">Write the function.</route>'
+                "<|im_end|>",
+                '<route model="worker_5" role="summarizer" refs="n1">Give the final program.'
+                "</route><|im_end|>", "<answer>done</answer>"]
+
+
+@pytest.fixture(scope="module")
+def code_tasks():
+    from jax_routeweaver.data.records import Domain
+
+    return synthetic_tasks(2, seed=4, domains=(Domain.CODE,))
+
+
+def test_execution_feedback_prepends_the_sandbox_verdict(tok, code_tasks):
+    trajs, _ = run(tok, code_tasks, AGENTIC_CODE)
+    for t in trajs:
+        text = tok.decode(t.response_ids)
+        observation = text.rsplit('<observation id="n1" role="executor">', 1)[1]
+        assert observation.startswith("[execution] ")
+        assert "hidden tests" in observation.split("\n", 1)[0]
+        # ... and the verdict travels with the node output into the summarizer's refs.
+        assert "[n1] (from executor)\n[execution] " in t.calls[1].prompt
+    (off,), _ = run(tok, code_tasks[:1], AGENTIC_CODE,
+                    config=EnvConfig(execution_feedback=False))
+    assert "[execution]" not in tok.decode(off.response_ids)
+
+
+def test_sandbox_harness_failure_is_recorded_as_infra_notice(tok, code_tasks):
+    class BrokenSandbox:
+        async def arun_function(self, *args, **kwargs):
+            raise RuntimeError("harness down")
+
+        async def arun_tests(self, *args, **kwargs):
+            raise RuntimeError("harness down")
+
+        async def arun(self, *args, **kwargs):
+            raise RuntimeError("harness down")
+
+    (t,), _ = run(tok, code_tasks[:1], AGENTIC_CODE,
+                  config=EnvConfig(sandbox=BrokenSandbox()))
+    assert any(n.startswith("exec_sandbox_error") for n in t.notices), t.notices
+    assert "[execution]" not in tok.decode(t.response_ids)

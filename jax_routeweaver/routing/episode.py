@@ -125,6 +125,11 @@ class Env(Protocol):
         """Read one sampled turn."""
         ...
 
+    async def inspect(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> None:
+        """Async work on the replies before they are framed (e.g. running an executor's code
+        in the sandbox); runs concurrently with other trajectories' calls and inspections."""
+        ...
+
     def observe(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> Sequence[int]:
         """Env tokens framing the replies of the calls `step` asked for (same order)."""
         ...
@@ -185,7 +190,8 @@ async def run_episodes_async(records: Sequence[Record], sampler: Sampler, worker
                 pending.append((traj, env, step))
         stats.env_cpu_s += time.process_time() - cpu
         start = time.perf_counter()
-        results = await asyncio.gather(*(_call_all(workers, s.calls) for _, _, s in pending))
+        results = await asyncio.gather(*(_call_and_inspect(workers, t, e, s.calls)
+                                         for t, e, s in pending))
         stats.workers_s += time.perf_counter() - start
         cpu = time.process_time()
         for (traj, env, _), calls in zip(pending, results, strict=True):
@@ -226,8 +232,11 @@ def _sample(sampler: Sampler, turns: list[tuple[Trajectory, Env, Turn]]) -> list
     return out  # type: ignore[return-value]
 
 
-async def _call_all(workers: WorkerPool, requests: Sequence[CallRequest]) -> list[WorkerCall]:
+async def _call_and_inspect(workers: WorkerPool, traj: Trajectory, env: Env,
+                            requests: Sequence[CallRequest]) -> list[WorkerCall]:
     calls = await asyncio.gather(*(workers.call(r.worker, r.prompt, max_tokens=r.max_tokens)
                                    for r in requests))
-    return [dataclasses.replace(c, role=r.role, node=r.node)
-            for c, r in zip(calls, requests, strict=True)]
+    calls = [dataclasses.replace(c, role=r.role, node=r.node)
+             for c, r in zip(calls, requests, strict=True)]
+    await env.inspect(traj, calls)
+    return calls

@@ -71,6 +71,9 @@ class RouterR1Env:
         return Step(keep, calls=[CallRequest(worker, decision.prompt,
                                              max_tokens=self.config.worker_max_tokens)])
 
+    async def inspect(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> None:
+        return None
+
     def observe(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> Sequence[int]:
         return self._cap(r1.observation_for_call(calls[0]))
 

@@ -9,11 +9,14 @@ admits valid actions (`action_grammar`), so even a random-init router acts.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from jax_routeweaver.data.records import Record
+from jax_routeweaver.rewards.feedback import aexecution_verdict
+from jax_routeweaver.rewards.sandbox import Sandbox
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.answers import extract_answer
@@ -35,11 +38,16 @@ _ANSWER = r'"<answer>" [^<>\n ] [^<>\n]{0,31} "</answer>"'
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
     """Runner-side settings. `sampling`: router decoding (stops and max tokens are set per turn;
-    its `max_new_tokens` caps an action turn). `constrained`: grammar-constrained actions."""
+    its `max_new_tokens` caps an action turn). `constrained`: grammar-constrained actions.
+    `execution_feedback`: agentic executors' code (CODE rows) or python (MATH rows) runs in
+    `sandbox` and the verdict is prepended to their observation (§5.6; on, as in the
+    reference)."""
 
     protocol: g.ProtocolConfig = dataclasses.field(default_factory=g.ProtocolConfig)
     sampling: SamplingParams = TRAIN_SAMPLING
     constrained: bool = False
+    execution_feedback: bool = True
+    sandbox: Sandbox | None = None
 
 
 class RouteWeaverEnv:
@@ -61,6 +69,8 @@ class RouteWeaverEnv:
         self._before: g.RoutingState = self.state
         # Rulebook ids by mode: the same text in every episode of a run, so shared.
         self._rulebooks = rulebooks if rulebooks is not None else {}
+        self._verdicts: dict[str, str] = {}  # node id -> execution verdict (§5.6)
+        self._harness_errors: list[str] = []
 
     # ------------------------------------------------------------------ Env protocol
     def start(self, traj: Trajectory) -> list[int]:
@@ -111,6 +121,23 @@ class RouteWeaverEnv:
             cue = g.inline_env_text(prompts.violation_cue(decision.code))
             return Step(keep, self._encode(cue) + self._header(traj, keep))
         return Step(keep, self._header(traj, keep) if not self._over(traj) else [])
+
+    async def inspect(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> None:
+        """§5.6: run each successful executor reply's program (concurrently, in the sandbox);
+        keep the verdict by node id. A harness failure is recorded (`exec_sandbox_error`, an
+        infra class of the reward)."""
+        if not self.cfg.execution_feedback:
+            return
+        executors = [c for c in calls if c.success and c.role == g.Role.EXECUTOR]
+        verdicts = await asyncio.gather(*(aexecution_verdict(
+            c.text, role=c.role, scorer_dataset=self.record.scorer_dataset,
+            meta=self.record.meta, sandbox=self.cfg.sandbox) for c in executors),
+            return_exceptions=True)
+        for call, verdict in zip(executors, verdicts, strict=True):
+            if isinstance(verdict, BaseException):  # any harness failure makes the row infra
+                self._harness_errors.append(f"exec_sandbox_error:{type(verdict).__name__}")
+            elif verdict is not None:
+                self._verdicts[call.node] = verdict
 
     def observe(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> list[int]:
         nodes = [self._node(p, c) for p, c in zip(self._pending, calls, strict=True)]
@@ -164,17 +191,18 @@ class RouteWeaverEnv:
         return CallRequest(call.worker, payload, self.pc.worker_max_tokens,
                            None if call.role is None else str(call.role), call.node_id)
 
-    @staticmethod
-    def _node(planned: g.PlannedCall, call: WorkerCall) -> g.Node:
+    def _node(self, planned: g.PlannedCall, call: WorkerCall) -> g.Node:
         text = call.text if call.success else ""
-        return g.Node.from_call(planned, text, success=call.success,
-                                candidate_answer=extract_answer(text))
+        verdict = self._verdicts.get(planned.node_id)
+        output = text if verdict is None else f"{verdict}\n{text}"
+        return g.Node.from_call(planned, output, success=call.success,
+                                candidate_answer=extract_answer(text), execution_verdict=verdict)
 
     def _sync(self, traj: Trajectory) -> None:
         traj.violation = None if self.state.policy_invalid is None \
             else str(self.state.policy_invalid)
         traj.answer = self.state.answer
-        traj.notices = [str(n) for n in self.state.notices]
+        traj.notices = [str(n) for n in self.state.notices] + self._harness_errors
 
     def _over(self, traj: Trajectory) -> bool:
         """Sync the record fields; set `finish` when the episode has ended."""
