@@ -72,6 +72,7 @@ def test_single_mode_episode(tok, tasks):
     assert (t.mode, t.answer, t.finish, t.violation, t.turns) == ("single", "7", "answer",
                                                                    None, 3)
     assert [c.worker for c in t.calls] == ["worker_3"] and t.calls[0].node == "n1"
+    assert t.final_turn == "<answer>7</answer>"
     assert t.record.question in t.calls[0].prompt
     runs = spans(t, tok)
     assert [m for _, m in runs] == [1, 0, 1, 0, 1]

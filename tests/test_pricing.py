@@ -180,3 +180,29 @@ def test_c_ref_errors():
         c_ref_from_costs([{"cost_usd": 1.0, "infra_failed": 1, "cost_complete": 1}])
     with pytest.raises(ValueError, match="cost_usd"):
         c_ref_from_costs([{"cost_usd": None, "infra_failed": 0, "cost_complete": 1}])
+
+
+def test_shipped_cost_ref_is_the_paper_value():
+    from pathlib import Path
+
+    from jax_routeweaver.routing.pricing import C_REF_USD, load_cost_ref
+
+    shipped = Path(__file__).resolve().parents[1] / "configs" / "cost_ref.json"
+    assert load_cost_ref(shipped) == C_REF_USD == 0.007071665299999997
+
+
+def test_load_cost_ref_errors(tmp_path):
+    import json
+
+    from jax_routeweaver.routing.pricing import load_cost_ref
+
+    with pytest.raises(FileNotFoundError, match="no cost-reference file"):
+        load_cost_ref(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"c_ref_usd": -1, "price_table_version": "x"}))
+    with pytest.raises(ValueError, match="c_ref_usd=-1 must be a positive number"):
+        load_cost_ref(bad)
+    bad.write_text(json.dumps({"c_ref_usd": 0.01, "price_table_version": "other"}))
+    with pytest.raises(ValueError, match="price_table_version='other'"):
+        load_cost_ref(bad)
+    assert load_cost_ref(bad, price_table_version=None) == 0.01

@@ -313,3 +313,26 @@ def test_score_batch_in_order_and_rows():
     assert row["failure_kind"] == "provider_error" and row["failed_worker_calls"] == 1
     with pytest.raises(ValueError):
         score_batch(trajs, workers=0, scorer=scorer)
+
+
+def test_router_final_turn_fence_is_a_code_candidate():
+    """A program the router fenced outside its <answer> in the answering turn is graded."""
+    from jax_routeweaver.rewards.reward import candidate_programs
+
+    traj = _code_traj_for_final_turn()
+    programs = [p for source, p in candidate_programs(traj) if source == "router"]
+    assert programs == ["see above", "```python\ndef f(x):\n    return x + 1\n```"]
+
+
+def _code_traj_for_final_turn():
+    import dataclasses
+
+    from jax_routeweaver.data.records import Record
+    from jax_routeweaver.routing.episode import Trajectory
+
+    record = Record(sample_id="c1", domain="CODE", dataset="apps", scorer_dataset="apps_functional",
+                    question="Write f.", gold=(), meta={"func_name": "f", "tests": [
+                        {"input": [1], "output": 2}]})
+    traj = Trajectory(record, 0, [1, 2, 3])
+    return dataclasses.replace(traj, answer="see above", final_turn=(
+        "```python\ndef f(x):\n    return x + 1\n```\n<answer>see above</answer>"))

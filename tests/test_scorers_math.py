@@ -3,7 +3,6 @@
 import concurrent.futures
 import os
 import time
-import warnings
 from fractions import Fraction
 from pathlib import Path
 
@@ -318,22 +317,36 @@ def test_a_call_whose_pool_is_killed_under_it_is_retried():
         assert pending.result(timeout=30) is None
 
 
+FORK_CHECK = """
+import os
+from jax_routeweaver.rewards.scorers import math_equiv
+from jax_routeweaver.rewards.scorers.math_equiv import score_math
+parent_pool = math_equiv._get_pool()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # child: must not touch the parent's pool
+    ok = math_equiv._pool is None and score_math("3/4", ["0.75"]).correct
+    math_equiv.shutdown_pool()
+    os.write(write, b"1" if ok else b"0")
+    os._exit(0)
+os.close(write)
+assert os.read(read, 1) == b"1", "child reused the parent's pool"
+os.waitpid(pid, 0)
+assert math_equiv._get_pool() is parent_pool
+math_equiv.shutdown_pool()
+print("fork-ok")
+"""
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_its_own_pool():
-    parent_pool = math_equiv._get_pool()
-    read, write = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-        pid = os.fork()
-    if pid == 0:                                   # child: must not touch the parent's pool
-        ok = math_equiv._pool is None and score_math("3/4", ["0.75"]).correct
-        math_equiv.shutdown_pool()
-        os.write(write, b"1" if ok else b"0")
-        os._exit(0)
-    os.close(write)
-    assert os.read(read, 1) == b"1"
-    os.waitpid(pid, 0)
-    assert math_equiv._get_pool() is parent_pool
+    """Run in a fresh interpreter: forking this (JAX-threaded) test process could deadlock."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_CHECK], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "fork-ok" in out.stdout, out.stderr[-2000:]
 
 
 def test_timeout_must_be_positive():

@@ -182,9 +182,12 @@ def code_candidates(text: str | None) -> list[str]:
 
 def candidate_programs(traj: Trajectory, code_scorer: CodeScorerMode = "union"
                        ) -> list[tuple[str, str]]:
-    """(source, program) pairs in reference order, each program once: router answer, then the
-    summarizer reply, then (union) every successful worker reply that contains a fence."""
-    sources: list[tuple[str, str | None]] = [("router", traj.answer),
+    """(source, program) pairs in reference order, each program once: the router's final turn
+    (its last `<answer>` body, then its last fenced block; the bare answer when the turn text
+    is not kept), then the summarizer reply, then (union) every successful worker reply that
+    contains a fence."""
+    router = traj.final_turn if traj.final_turn is not None else traj.answer
+    sources: list[tuple[str, str | None]] = [("router", router),
                                              ("summarizer", summarizer_reply(traj))]
     if code_scorer == "union":
         sources += [(f"worker:{i}", c.text) for i, c in enumerate(traj.calls)

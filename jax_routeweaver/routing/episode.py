@@ -30,7 +30,8 @@ class Trajectory:
     """One episode. `response_ids` follow `prompt_ids`; `policy_mask`, `logprobs` align with
     `response_ids`. `mode_span_end`: index in the response just past the mode declaration
     (policy-written, or injected when `forced`). `violation`: the terminal violation code;
-    `notices`: non-terminal records. `answer`: the router's; `summarizer_answer`: the agentic
+    `notices`: non-terminal records. `answer`: the router's; `final_turn`: the text of the turn
+    that carried it (code rows grade its fenced program too); `summarizer_answer`: the agentic
     summarizer's candidate. `infra_failed`: a worker call finally failed (the trajectory is
     dropped from the gradient, never scored as wrong). `finish`: why the episode ended.
     `cost`: worker cost of the episode (with `prices` given to `run_episodes`).
@@ -49,6 +50,7 @@ class Trajectory:
     violation: str | None = None
     notices: list[str] = dataclasses.field(default_factory=list)
     answer: str | None = None
+    final_turn: str | None = None
     summarizer_answer: str | None = None
     turns: int = 0
     policy_versions: list[int] = dataclasses.field(default_factory=list)

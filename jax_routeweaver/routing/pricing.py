@@ -17,8 +17,10 @@ silently zero: it marks the trajectory cost-incomplete.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -237,4 +239,26 @@ def _row_cost(row: Any, index: int) -> float:
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value) or value < 0):
         raise ValueError(f"cost row {index}: cost_usd={value!r} must be a finite number >= 0")
+    return float(value)
+
+
+def load_cost_ref(path: str | Path, *, price_table_version: str | None = PRICE_TABLE_VERSION
+                  ) -> float:
+    """`c_ref_usd` of a cost-reference file (`routeweaver calibrate-cost` writes one;
+    `configs/cost_ref.json` ships the paper's value). With `price_table_version`, the file must
+    have been computed with that price table: a C_ref is only meaningful under its prices."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no cost-reference file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    value = record.get("c_ref_usd") if isinstance(record, dict) else None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{path}: c_ref_usd={value!r} must be a positive number")
+    version = record.get("price_table_version")
+    if price_table_version is not None and version != price_table_version:
+        raise ValueError(f"{path}: price_table_version={version!r}, expected "
+                         f"{price_table_version!r}")
     return float(value)

@@ -59,6 +59,7 @@ class RouterR1Env:
             traj.finish = decision.reason
             if isinstance(action, r1.AnswerAction):
                 traj.answer = action.answer
+                traj.final_turn = self._decode(completion.token_ids[:keep])
             return Step(keep)
         self.state = r1.advance(self.state, decision)
         if isinstance(decision, r1.AppendObservation):

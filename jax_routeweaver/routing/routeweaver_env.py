@@ -114,6 +114,8 @@ class RouteWeaverEnv:
         self._before = self.state
         self.state = g.record_action_turn(self.state, outcome, self.pc)
         decision = outcome.decision
+        if isinstance(decision, g.AnswerAccepted):
+            traj.final_turn = text
         if isinstance(decision, g.Dispatch):
             self._pending = decision.calls
             return Step(keep, calls=[self._request(c) for c in decision.calls])

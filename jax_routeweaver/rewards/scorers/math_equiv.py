@@ -24,6 +24,7 @@ not-equal, and the pool is killed and replaced so a stuck worker never blocks la
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import logging
 import multiprocessing
@@ -372,6 +373,7 @@ class _Crashed(Exception):
 
 _pool_lock = threading.Lock()
 _pool: cf.ProcessPoolExecutor | None = None
+_atexit_registered = False
 # At most one task per worker in flight, so a call's timeout measures its own work, never
 # time spent queued behind another call.
 _slots = threading.BoundedSemaphore(POOL_WORKERS)
@@ -412,7 +414,7 @@ def _kill(pool: cf.ProcessPoolExecutor) -> None:
 
 def _get_pool() -> cf.ProcessPoolExecutor:
     """The shared pool, started (all workers warm) on first use."""
-    global _pool
+    global _pool, _atexit_registered
     with _pool_lock:
         if _pool is None:
             pool = cf.ProcessPoolExecutor(
@@ -425,6 +427,11 @@ def _get_pool() -> cf.ProcessPoolExecutor:
                 _kill(pool)
                 raise RuntimeError(f"math scorer: worker pool failed to start: {exc!r}") from exc
             _pool = pool
+            if not _atexit_registered:
+                # Stop the workers before interpreter teardown, when the executor's own
+                # callbacks can no longer run cleanly.
+                atexit.register(shutdown_pool)
+                _atexit_registered = True
         return _pool
 
 
