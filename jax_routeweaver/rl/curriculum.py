@@ -1,0 +1,187 @@
+"""Progressive exploration curriculum (spec routeweaver §6.9, §6.10, §9 item 4).
+
+Pure and deterministic: the forced ratio ρ_b is a function of the batch index, the
+forced/free verdict of a query is a sha256 draw on its ``sample_id`` (so every one of its
+K rollouts shares it), and forced modes are balanced per batch (11/11/10 of 32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+MODES = ("single", "multi", "agentic")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExplorationConfig:
+    """Reference numbers: ρ = 1 for b ≤ 25, linear to 0 at b = 75 (paper main arm)."""
+
+    forced_start_batch: int = 25
+    forced_anneal_steps: int = 50
+    support_lambda0: float = 0.002
+    support_floor: float = 0.05
+    batch_size: int = 32  # queries per batch
+    group_size: int = 8  # K rollouts per query
+
+    def __post_init__(self) -> None:
+        if self.forced_anneal_steps <= 0:
+            raise ValueError("forced_anneal_steps must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One training arm as run (§6.9): steps are 1-based, ``batch_index = step − 1``."""
+
+    name: str
+    first_step: int
+    last_step: int
+    parquet: str
+    exploration: ExplorationConfig
+    estimator: str  # "grpo_gated" | "comet_grpo"
+    reduction: str  # "global" | "segment"
+    support: bool
+
+
+COLD_PHASE = Phase(
+    name="cold",
+    first_step=1,
+    last_step=25,
+    parquet="routeweaver_cold_pool.parquet",
+    exploration=ExplorationConfig(forced_start_batch=999),  # ρ = 1 throughout
+    estimator="grpo_gated",
+    reduction="global",
+    support=False,
+)
+MAIN_PHASE = Phase(
+    name="main",
+    first_step=26,
+    last_step=90,
+    parquet="routeweaver_train.parquet",
+    exploration=ExplorationConfig(),
+    estimator="comet_grpo",
+    reduction="segment",
+    support=True,
+)
+PAPER_PHASES = (COLD_PHASE, MAIN_PHASE)
+
+# Ablations (§6.9): `wo_progressive` starts free at batch 0 with λ = 0.
+WO_PROGRESSIVE = ExplorationConfig(
+    forced_start_batch=-1, forced_anneal_steps=1, support_lambda0=0.0
+)
+
+
+def batch_index_for_step(step: int) -> int:
+    """``batch_index = step − 1`` (sequential parquet, 32 rows per batch)."""
+    if step < 1:
+        raise ValueError(f"steps are 1-based, got {step}")
+    return step - 1
+
+
+def phase_for_step(step: int, phases: tuple[Phase, ...] = PAPER_PHASES) -> Phase:
+    for phase in phases:
+        if phase.first_step <= step <= phase.last_step:
+            return phase
+    raise ValueError(f"step {step} is outside every phase")
+
+
+def forced_ratio(batch_index: int, cfg: ExplorationConfig = ExplorationConfig()) -> float:
+    """``ρ_b = clamp(1 − (b − start)/steps, 0, 1)``."""
+    rho = 1.0 - (batch_index - cfg.forced_start_batch) / cfg.forced_anneal_steps
+    return min(1.0, max(0.0, rho))
+
+
+def support_lambda(batch_index: int, cfg: ExplorationConfig = ExplorationConfig()) -> float:
+    """``λ_b = λ0 · ρ_b``; the support term is skipped when this is ≤ 0."""
+    return cfg.support_lambda0 * forced_ratio(batch_index, cfg)
+
+
+def query_draw(sample_id: str) -> float:
+    """``u = int(sha256(sample_id)[:8], big-endian) / 2^64`` in [0, 1)."""
+    digest = hashlib.sha256(sample_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def is_forced(
+    sample_id: str,
+    batch_index: int,
+    cfg: ExplorationConfig = ExplorationConfig(),
+    *,
+    stage2_arm: str = "",
+) -> bool:
+    """Forced iff ρ ≥ 1, never if ρ ≤ 0, else ``u < ρ``; a row with a ``stage2_arm`` is
+    refused (§6.9)."""
+    if stage2_arm:
+        raise ValueError(f"row {sample_id!r} carries stage2_arm={stage2_arm!r}; refused")
+    rho = forced_ratio(batch_index, cfg)
+    if rho >= 1.0:
+        return True
+    if rho <= 0.0:
+        return False
+    return query_draw(sample_id) < rho
+
+
+def balanced_forced_modes(sample_ids: list[str], *, salt: str = "forced_mode") -> list[str]:
+    """Deterministic balanced forced modes for one batch (11/11/10 for 32 queries).
+
+    The reference bakes ``forced_mode`` into the parquet; this assigns round-robin over the
+    queries ordered by ``sha256(salt:sample_id)``, so counts differ by at most one and the
+    assignment does not depend on row order.
+    """
+    if len(set(sample_ids)) != len(sample_ids):
+        raise ValueError("sample_ids of a batch must be unique")
+    order = sorted(
+        range(len(sample_ids)),
+        key=lambda i: hashlib.sha256(f"{salt}:{sample_ids[i]}".encode()).digest(),
+    )
+    modes = [""] * len(sample_ids)
+    for rank, i in enumerate(order):
+        modes[i] = MODES[rank % len(MODES)]
+    return modes
+
+
+def check_balanced(forced_modes: list[str]) -> None:
+    """Raise unless every mode appears and counts differ by at most one (launcher check)."""
+    counts = [forced_modes.count(m) for m in MODES]
+    if sum(counts) != len(forced_modes):
+        raise ValueError(f"unknown forced modes in {sorted(set(forced_modes))}")
+    if max(counts) - min(counts) > 1:
+        raise ValueError(f"forced modes unbalanced: {dict(zip(MODES, counts, strict=True))}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutPlan:
+    """What the environment does for one rollout: inject ``<mode>{forced_mode}</mode>``
+    (mask 0) when forced, else let the policy declare it (mask 1)."""
+
+    sample_id: str
+    rollout: int
+    batch_index: int
+    forced: bool
+    forced_mode: str | None
+
+
+def plan_batch(
+    sample_ids: list[str],
+    batch_index: int,
+    cfg: ExplorationConfig = ExplorationConfig(),
+    *,
+    forced_modes: list[str] | None = None,
+) -> list[RolloutPlan]:
+    """K rollouts per query (query-major), all sharing the query's forced verdict and mode.
+
+    ``forced_modes`` are the parquet's ``extra_info.forced_mode`` values; None assigns
+    them with :func:`balanced_forced_modes`.
+    """
+    if forced_modes is None:
+        forced_modes = balanced_forced_modes(sample_ids)
+    if len(forced_modes) != len(sample_ids):
+        raise ValueError("one forced_mode per sample_id is required")
+    plans = []
+    for sid, mode in zip(sample_ids, forced_modes, strict=True):
+        forced = is_forced(sid, batch_index, cfg)
+        if forced and mode not in MODES:
+            raise ValueError(f"forced row {sid!r} has invalid forced_mode {mode!r}")
+        for k in range(cfg.group_size):
+            plans.append(RolloutPlan(sid, k, batch_index, forced, mode if forced else None))
+    return plans
