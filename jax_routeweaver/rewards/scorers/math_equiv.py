@@ -37,7 +37,7 @@ from fractions import Fraction
 from typing import Any, TypeVar
 
 from jax_routeweaver.rewards.scorers.registry import ScoreResult, gold_list, register
-from jax_routeweaver.rewards.scorers.text import normalize_answer
+from jax_routeweaver.rewards.scorers.text import normalize_answer, token_f1
 from jax_routeweaver.routing.answers import last_boxed
 
 __all__ = [
@@ -118,15 +118,7 @@ def math_f1(prediction: str, gold: str) -> float:
     pred, truth = _f1_tokens(prediction), _f1_tokens(gold)
     if not pred or not truth:
         return float(pred == truth)
-    pool, common = list(truth), 0
-    for token in pred:
-        if token in pool:
-            pool.remove(token)
-            common += 1
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(truth)
-    return 2 * precision * recall / (precision + recall)
+    return token_f1(pred, truth)
 
 
 # ------------------------------------------------------------------ exact numeric values

@@ -71,10 +71,10 @@ def squad_f1(prediction: str, gold: str) -> float:
     pred, truth = normalize_answer(prediction), normalize_answer(gold)
     if (pred in _STANCE or truth in _STANCE) and pred != truth:
         return 0.0
-    return _overlap_f1(pred.split(), truth.split())
+    return token_f1(pred.split(), truth.split())
 
 
-def _overlap_f1(pred: Sequence[str], truth: Sequence[str]) -> float:
+def token_f1(pred: Sequence[str], truth: Sequence[str]) -> float:
     """Harmonic mean of token precision and recall over the multiset intersection."""
     same = sum((Counter(pred) & Counter(truth)).values())
     if same == 0:
@@ -111,7 +111,7 @@ def short_f1(prediction: str | None, gold: str) -> float:
     pred, truth = _short_tokens(prediction), _short_tokens(gold)
     if not pred or not truth:
         return float(pred == truth)
-    return _overlap_f1(pred, truth)
+    return token_f1(pred, truth)
 
 
 def contains_bounded(haystack: str, needle: str) -> bool:
