@@ -25,7 +25,7 @@ test: lint
 	$(PY) -m pytest -q
 
 quickstart: $(STAMP)
-	$(VENV)/bin/routeweaver quickstart
+	$(VENV)/bin/routeweaver train --config configs/quickstart.yaml
 
 bench: $(STAMP)
 	$(PY) bench/model.py

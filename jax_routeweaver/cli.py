@@ -131,12 +131,38 @@ def _export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------ quickstart
-# The embedded default, CPU and no keys. Until the RL loop lands it runs every part that exists
-# end to end: real Qwen3 tokenizer (offline), a tiny Qwen3 router born sharded over the local
-# devices, an orbax policy checkpoint and its restore, HF export checked against transformers,
-# a chat-templated generation through the in-process JAX sampler, and RouteWeaver episodes of
-# the (random-init, grammar-constrained) router against the simulated worker pool.
+# ------------------------------------------------------------------------------ train
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None,
+                   help="YAML config (see configs/; default: the paper defaults)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="dotted overrides, e.g. optim.lr=1e-5 data.batch_size=16")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (secrets redacted) and exit")
+
+
+def _train(args: argparse.Namespace) -> int:
+    import yaml
+
+    from jax_routeweaver.config import redact_secrets, to_dict
+    from jax_routeweaver.rl.loop import train
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    cfg = load_train_config(args.config, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(redact_secrets(to_dict(cfg)), sort_keys=False), end="")
+        return 0
+    result = train(cfg)
+    print(f"trained {result.last_step} steps -> {result.out_dir}")
+    return 0
+
+
+# ------------------------------------------------------------------------------ selfcheck
+# Every part end to end on CPU, no keys: real Qwen3 tokenizer (offline), a tiny Qwen3 router
+# born sharded over the local devices, an orbax policy checkpoint and its restore, HF export
+# checked against transformers, a chat-templated generation through the in-process JAX
+# sampler, and RouteWeaver episodes of the (random-init, grammar-constrained) router against
+# the simulated worker pool.
 QUICKSTART_ROUTER = dict(vocab_size=151_936, hidden_size=64, intermediate_size=192, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=5_000_000.0,
                          tie_word_embeddings=True, max_position_embeddings=4096,
@@ -144,8 +170,8 @@ QUICKSTART_ROUTER = dict(vocab_size=151_936, hidden_size=64, intermediate_size=1
 
 
 def _quickstart_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("runs/quickstart"),
-                   help="output directory (default: runs/quickstart; replaced if it exists)")
+    p.add_argument("--out", type=Path, default=Path("runs/selfcheck"),
+                   help="output directory (default: runs/selfcheck; replaced if it exists)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--queries", type=int, default=4, help="synthetic queries for the episodes")
@@ -349,7 +375,10 @@ COMMANDS: tuple[Command, ...] = (
             _import_hf_arguments, _import_hf),
     Command("export-hf", "write a policy checkpoint step as a Hugging Face checkpoint",
             _export_hf_arguments, _export_hf),
-    Command("quickstart", "run the embedded default on CPU (no keys, nothing downloaded)",
+    Command("train", "train a router with RL from a YAML config (+ key.sub=value overrides)",
+            _train_arguments, _train),
+    Command("selfcheck", "check every part end to end on CPU in about a minute (tokenizer, "
+            "sharded model, orbax, HF export parity, sampler, episodes)",
             _quickstart_arguments, _quickstart),
     Command("calibrate-cost", "compute C_ref (P95 of per-trajectory worker cost) from a "
             "rollout dump and write cost_ref.json", _calibrate_cost_arguments, _calibrate_cost),

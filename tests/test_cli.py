@@ -167,7 +167,7 @@ def test_console_script(tmp_path):
 @pytest.mark.slow
 def test_quickstart_runs_every_stage(tmp_path, capsys):
     """The README's main job on the embedded default: exits 0 only if the HF export matches."""
-    assert main(["quickstart", "--out", str(tmp_path / "qs"), "--max-new-tokens", "8",
+    assert main(["selfcheck", "--out", str(tmp_path / "qs"), "--max-new-tokens", "8",
                  "--queries", "2", "--repeats", "2"]) == 0
     out = capsys.readouterr().out
     for stage in ("tokenizer", "router", "orbax", "HF export", "sampler", "episodes"):

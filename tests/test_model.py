@@ -182,3 +182,21 @@ def test_bf16_compute_is_close_to_fp32(tiny_hf_dir):
     assert out.dtype == np.float32
     valid = mask.astype(bool)
     assert np.abs(out - f32)[valid].max() < 0.1
+
+
+def test_block_attention_matches_dense_on_long_sequences():
+    """Past ATTENTION_BLOCK queries, attention runs block by block (memory linear in T):
+    same values and gradients as the dense [B, T, S] computation, padding included."""
+    from jax_routeweaver.models import qwen3 as q3
+
+    rng = np.random.default_rng(0)
+    B, T, N, K, H = 2, q3.ATTENTION_BLOCK + 77, 4, 2, 16
+    q, k, v = (jnp.asarray(rng.normal(size=(B, T, n, H)), jnp.float32) for n in (N, K, K))
+    valid = jnp.asarray(np.arange(T)[None] < np.array([[T - 150], [T]]))
+    mask = q3.AttentionMask(valid, jnp.arange(T), jnp.arange(T))
+    np.testing.assert_allclose(q3.attention(q, k, v, mask), q3._attend(q, k, v, mask.dense()),
+                               atol=1e-5)
+    loss = lambda f: lambda q: (f(q) * v[:, :, :1].repeat(N, 2)).sum()
+    g_block = jax.grad(loss(lambda q: q3.attention(q, k, v, mask)))(q)
+    g_dense = jax.grad(loss(lambda q: q3._attend(q, k, v, mask.dense())))(q)
+    np.testing.assert_allclose(g_block, g_dense, atol=1e-4)

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_routeweaver.data.records import Domain, Record, RecordError, read_jsonl, write_jsonl
+from jax_routeweaver.data.records import (
+    Domain,
+    ReadStats,
+    Record,
+    RecordError,
+    read_jsonl,
+    read_parquet,
+    read_records,
+    write_jsonl,
+    write_parquet,
+)
+from jax_routeweaver.routing.simulated import synthetic_tasks
 
 
 def make(**changes) -> Record:
@@ -211,8 +224,9 @@ def test_jsonl_round_trip(tmp_path):
 
 def test_jsonl_bad_lines_name_file_and_line(tmp_path):
     good = json.dumps(make().to_row())
+    other = json.dumps(make(sample_id="q-2").to_row())  # sample ids must be unique per file
     path = tmp_path / "bad.jsonl"
-    path.write_text(f"{good}\n\n{good}\n{{broken\n", encoding="utf-8")
+    path.write_text(f"{good}\n\n{other}\n{{broken\n", encoding="utf-8")
     with pytest.raises(RecordError, match=rf"^{path}:4: invalid JSON"):
         read_jsonl(path)
     row = make().to_row()
@@ -230,3 +244,132 @@ def test_write_jsonl_rejects_non_records_and_leaves_no_file(tmp_path):
     with pytest.raises(RecordError, match="item 1 is a dict"):
         write_jsonl(path, [make(), {"sample_id": "x"}])
     assert not path.exists() and not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------- files, parquet
+def test_parquet_round_trip(tmp_path):
+    records = [*synthetic_tasks(15, seed=4), make(), code_record(), Record.from_row(REFERENCE_ROW),
+               make(sample_id="q-2", question="Ünïcode — 質問?", gold=["✓"], batch_index=None,
+                    forced_mode=None, prompt="Route this: 質問")]
+    assert any(r.meta.get("tests") for r in records[:15])  # code rows with test lists
+    path = tmp_path / "rows.parquet"
+    assert write_parquet(path, records) == len(records)
+    assert read_parquet(path) == records
+    assert read_records(path) == records
+    assert not list(tmp_path.glob(".*tmp*"))
+    table = pq.read_table(path)
+    assert table.column_names == ["data_source", "prompt", "extra_info", "ability"]
+    assert pa.types.is_struct(table.schema.field("extra_info").type)
+    row = table.slice(17, 1).to_pylist()[0]  # the reference row, as pyarrow hands it out
+    assert row["extra_info"]["payload_json"] == REFERENCE_ROW["extra_info"]["payload_json"]
+    assert row["prompt"] == REFERENCE_ROW["prompt"] and row["ability"] == "routing"
+    assert write_parquet(tmp_path / "empty.parquet", []) == 0
+    assert read_parquet(tmp_path / "empty.parquet") == []
+
+
+def test_parquet_reads_verl_layouts(tmp_path):
+    """extra_info as a struct with unknown fields and nested columns, or as a JSON string."""
+    info = dict(REFERENCE_ROW["extra_info"])
+    struct_row = {**REFERENCE_ROW, "reward_model": {"style": "rule", "ground_truth": "5"},
+                  "extra_info": info}
+    other = json.loads(json.dumps(struct_row))
+    other["extra_info"].update(sample_id="math-00018", index=None)
+    path = tmp_path / "verl.parquet"
+    pq.write_table(pa.Table.from_pylist([struct_row, other]), path)
+    first, second = read_parquet(path)
+    assert first.extras["reward_model"] == {"style": "rule", "ground_truth": "5"}
+    assert first.to_row()["extra_info"] == REFERENCE_ROW["extra_info"]
+    assert "extra_info.index" not in second.extras  # a null struct field reads as absent
+    as_text = {**REFERENCE_ROW, "extra_info": json.dumps(REFERENCE_ROW["extra_info"])}
+    pq.write_table(pa.Table.from_pylist([as_text]), path)
+    assert read_parquet(path) == [Record.from_row(REFERENCE_ROW)]
+
+
+def _rows_with_bad_domain(tmp_path, suffix):
+    rows = [make(sample_id=f"q-{i}").to_row() for i in range(4)]
+    rows[1]["extra_info"]["domain"] = "ASTROLOGY"
+    path = tmp_path / f"bad{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("suffix", "where"), [(".jsonl", "2"), (".json", "2"),
+                                               (".parquet", "row 1")])
+def test_bad_rows_error_names_file_row_and_field(tmp_path, suffix, where):
+    path = _rows_with_bad_domain(tmp_path, suffix)
+    with pytest.raises(RecordError, match=rf"^{path}:{where}: record 'q-1': field 'domain'"):
+        read_records(path)
+    stats = ReadStats()
+    records = read_records(path, bad_rows="skip", stats=stats)
+    assert [r.sample_id for r in records] == ["q-0", "q-2", "q-3"]
+    assert (stats.rows, stats.skipped, stats.kept) == (4, 1, 3)
+    assert len(stats.errors) == 1 and stats.errors[0].startswith(f"{path}:{where}: ")
+
+
+def test_skip_mode_counts_and_totals_several_files(tmp_path):
+    good = [json.dumps(make(sample_id=f"q-{i}").to_row()) for i in range(3)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(f"{good[0]}\n{{broken\n\n[1]\n{good[1]}\n{good[0]}\n{good[2]}\n",
+                    encoding="utf-8")
+    stats = ReadStats()
+    assert [r.sample_id for r in read_jsonl(path, bad_rows="skip", stats=stats)] == \
+        ["q-0", "q-1", "q-2"]
+    assert (stats.rows, stats.skipped) == (6, 3)  # the blank line is not a row
+    assert [m.split(": ")[0] for m in stats.errors] == [f"{path}:2", f"{path}:4", f"{path}:6"]
+    assert "duplicate of line 1" in stats.errors[2]
+    read_records(_rows_with_bad_domain(tmp_path, ".parquet"), bad_rows="skip", stats=stats)
+    assert (stats.rows, stats.skipped, stats.kept) == (10, 4, 6)
+    many = tmp_path / "many.jsonl"
+    many.write_text("{broken\n" * 12, encoding="utf-8")
+    stats = ReadStats()
+    assert read_jsonl(many, bad_rows="skip", stats=stats) == []
+    assert stats.skipped == 12 and len(stats.errors) == ReadStats.MAX_ERRORS
+    with pytest.raises(ValueError, match="bad_rows must be 'error' or 'skip'"):
+        read_jsonl(many, bad_rows="ignore")
+
+
+def test_duplicate_sample_ids_name_both_rows(tmp_path):
+    records = [make(), make(sample_id="q-2"), make(question="Same id, other text?")]
+    jsonl = tmp_path / "dup.jsonl"
+    write_jsonl(jsonl, records)
+    with pytest.raises(RecordError,
+                       match=rf"^{jsonl}:3: record 'q-1': field 'sample_id': duplicate of line 1"):
+        read_jsonl(jsonl)
+    parquet = tmp_path / "dup.parquet"
+    write_parquet(parquet, records)
+    with pytest.raises(RecordError, match=rf"^{parquet}:row 2: .*duplicate of row 0"):
+        read_parquet(parquet)
+    stats = ReadStats()
+    assert read_parquet(parquet, bad_rows="skip", stats=stats) == records[:2]
+    assert stats.skipped == 1
+
+
+def test_unknown_suffix_and_unreadable_files(tmp_path):
+    with pytest.raises(RecordError, match=r"rows\.csv: unknown record file type '\.csv'"):
+        read_records(tmp_path / "rows.csv")
+    upper = tmp_path / "ROWS.PARQUET"
+    write_parquet(upper, [make()])
+    assert read_records(upper) == [make()]
+    fake = tmp_path / "fake.parquet"
+    fake.write_text("not parquet", encoding="utf-8")
+    with pytest.raises(RecordError, match=rf"^{fake}: not a readable parquet file"):
+        read_parquet(fake, bad_rows="skip")
+    pq.write_table(pa.table({"data_source": ["x"]}), fake)
+    with pytest.raises(RecordError, match=rf"^{fake}: no 'extra_info' column"):
+        read_parquet(fake, bad_rows="skip")
+    with pytest.raises(FileNotFoundError):
+        read_records(tmp_path / "missing.parquet")
+
+
+def test_write_parquet_rejects_bad_input_and_leaves_no_file(tmp_path):
+    path = tmp_path / "out.parquet"
+    with pytest.raises(RecordError, match="item 1 is a dict"):
+        write_parquet(path, [make(), {"sample_id": "x"}])
+    clash = [make(extras={"extra_info.index": 1}),
+             make(sample_id="q-2", extras={"extra_info.index": {"a": 1}})]
+    with pytest.raises(RecordError, match=r"column 'extra_info\.index'"):
+        write_parquet(path, clash)
+    assert not list(tmp_path.iterdir())

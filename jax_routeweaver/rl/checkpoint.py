@@ -363,3 +363,78 @@ def latest_step(ckpt_dir: str | Path) -> int | None:
     """The newest committed step of `ckpt_dir`; None if it has none or does not exist."""
     steps = list_steps(ckpt_dir)
     return steps[-1] if steps else None
+
+
+# ------------------------------------------------------------------------------ train state
+STATE_ITEM = "train_state"
+LOOP_ITEM = "loop"
+
+
+def _keyed_leaves(tree: Any) -> dict[str, Any]:
+    """{keypath string: leaf}: any pytree (nnx.State, optax NamedTuples) as a flat dict orbax
+    stores without knowing the node types; the caller's own tree rebuilds the structure."""
+    return {jax.tree_util.keystr(path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+class StateCheckpointer:
+    """Full train state every N steps, for exact resume: the state pytree (params, optimizer
+    state, step, RNG: arrays, restored into the shardings of a live template) and a JSON
+    `loop` item (data-iterator position, reward-window state, anything JSON-able)."""
+
+    def __init__(self, ckpt_dir: str | Path, *, keep: int | None = 2):
+        self.dir = Path(ckpt_dir).absolute()
+        policy = None if keep is None else ocp.checkpoint_managers.LatestN(n=keep)
+        registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+        for item, arg_types in ((STATE_ITEM, (ocp.args.StandardSave, ocp.args.StandardRestore)),
+                                (LOOP_ITEM, (ocp.args.JsonSave, ocp.args.JsonRestore))):
+            for arg_type in arg_types:
+                registry.add(item, arg_type)
+        options = ocp.CheckpointManagerOptions(step_name_format=STEP_FORMAT,
+                                               preservation_policy=policy)
+        self._manager = ocp.CheckpointManager(self.dir, options=options,
+                                              handler_registry=registry)
+
+    def __enter__(self) -> StateCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: Any, loop: dict[str, Any]) -> None:
+        """Save and wait until committed (a resume must never see half a step)."""
+        args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardSave(_keyed_leaves(state)),
+                                     LOOP_ITEM: ocp.args.JsonSave(loop)})
+        self._manager.save(int(step), args=args, force=True)
+        self._manager.wait_until_finished()
+
+    def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict[str, Any], int]:
+        """(state shaped and sharded like `template`, loop dict, step); latest by default.
+        A state saved from a different model or optimizer is a CheckpointError."""
+        step = self._manager.latest_step() if step is None else int(step)
+        if step is None:
+            raise FileNotFoundError(f"{self.dir}: no train-state checkpoint")
+        treedef = jax.tree_util.tree_structure(template)
+        keyed = _keyed_leaves(template)
+        target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+                  for k, v in keyed.items()}
+        args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(target),
+                                     LOOP_ITEM: ocp.args.JsonRestore()})
+        where = self.dir / str(step)
+        try:
+            got = self._manager.restore(step, args=args)
+        except (KeyError, ValueError, FileNotFoundError) as e:
+            raise CheckpointError(f"{where}: cannot restore the train state into this "
+                                  f"model/optimizer ({_first_line(e)})") from e
+        restored = got[STATE_ITEM]
+        if set(restored) != set(keyed):
+            raise CheckpointError(f"{where}: train-state leaves differ from this run's")
+        state = jax.tree_util.tree_unflatten(treedef, [restored[k] for k in keyed])
+        return state, dict(got[LOOP_ITEM]), step

@@ -41,11 +41,14 @@ class EnvConfig:
     its `max_new_tokens` caps an action turn). `constrained`: grammar-constrained actions.
     `execution_feedback`: agentic executors' code (CODE rows) or python (MATH rows) runs in
     `sandbox` and the verdict is prepended to their observation (§5.6; on, as in the
-    reference)."""
+    reference). `answer_choices` (with `constrained`): the answer must be one of the candidate
+    answers extracted from the workers' successful replies so far (free text when none
+    fits), so a tiny router learns *which* reply to trust instead of how to spell it."""
 
     protocol: g.ProtocolConfig = dataclasses.field(default_factory=g.ProtocolConfig)
     sampling: SamplingParams = TRAIN_SAMPLING
     constrained: bool = False
+    answer_choices: bool = False
     execution_feedback: bool = True
     sandbox: Sandbox | None = None
 
@@ -90,8 +93,10 @@ class RouteWeaverEnv:
         else:
             params = self._params(g.stop_strings(self.state.mode),
                                   min(self.cfg.sampling.max_new_tokens, room))
-        grammar = action_grammar(self.state, self.offered, self.pc) if self.cfg.constrained \
-            else None
+        grammar = None
+        if self.cfg.constrained:
+            choices = answer_candidates(traj.calls) if self.cfg.answer_choices else None
+            grammar = action_grammar(self.state, self.offered, self.pc, choices)
         return Turn(params, grammar)
 
     def context(self, traj: Trajectory) -> list[int]:
@@ -238,9 +243,28 @@ def routeweaver_envs(tokenizer: Any, workers: WorkerPool,
 
 
 # ---------------------------------------------------------------------------- grammars
+def answer_candidates(calls: Sequence[WorkerCall], max_chars: int = 32) -> list[str]:
+    """Distinct answers extracted from successful worker replies (first-seen order) that
+    the free answer pattern would also admit: one line, no tags, non-blank first character,
+    at most `max_chars` characters."""
+    out: list[str] = []
+    for call in calls:
+        answer = extract_answer(call.text) if call.success else None
+        if (answer and len(answer) <= max_chars and not answer[0].isspace()
+                and not any(c in answer for c in "<>\n") and answer not in out):
+            out.append(answer)
+    return out
+
+
+def _literal(text: str) -> str:
+    """`text` as an EBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def action_grammar(state: g.RoutingState, offered: Sequence[str],
-                   config: g.ProtocolConfig) -> Grammar:
-    """A grammar admitting only actions the protocol accepts in `state`.
+                   config: g.ProtocolConfig, answers: Sequence[str] | None = None) -> Grammar:
+    """A grammar admitting only actions the protocol accepts in `state`. `answers`: if
+    non-empty, the answer must be one of them.
 
     Selector: one of the three declarations. single/multi: a route to an offered worker while
     calls remain, an answer once enough calls were made. agentic: one route per layer (so no
@@ -252,14 +276,16 @@ def action_grammar(state: g.RoutingState, offered: Sequence[str],
         modes = " | ".join(f'"{m}"' for m in g.MODES)
         return Grammar(f'root ::= "<mode>" ({modes}) "</mode>"')
     workers = " | ".join(f'"{w}"' for w in offered)
+    answer = _ANSWER if not answers else \
+        '"<answer>" (' + " | ".join(_literal(a) for a in answers) + ') "</answer>"'
     if state.mode != g.Mode.AGENTIC:
         required, limit = config.route_bounds(state.mode)
         route = f'"<route model=\\"" ({workers}) "\\">" {_TASK} "</route>"'
         options = ([route] if state.calls_used < limit else []) + (
-            [_ANSWER] if state.calls_used >= required else [])
+            [answer] if state.calls_used >= required else [])
         return Grammar("root ::= " + " | ".join(options))
     if state.summarizer_done:
-        return Grammar(f"root ::= {_ANSWER}")
+        return Grammar(f"root ::= {answer}")
     nodes = state.completed_ids
     refs_some = 'ref ("," ref){0,3}'
     refs_any = '""' if not nodes else '"" | ' + refs_some

@@ -111,8 +111,12 @@ def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int,
     return tokens, mask, positions, lens
 
 
+TRUNCATIONS = ("none", "top_p", "top_k")
+TOP_P_BISECTIONS = 32
+
+
 def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                  top_p: jax.Array, *, greedy: bool, truncate: bool,
+                  top_p: jax.Array, *, greedy: bool, truncate: bool | str,
                   allowed: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """logits `[B, V]` -> (tokens `[B]` int32, logprobs `[B]` fp32).
 
@@ -120,8 +124,11 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     argmax, logprob under temperature 1. Otherwise sample from softmax(logits / T), restricted
     (when `truncate`) to the top_k tokens (top_k <= 0: all) and then to the smallest prefix of
     those, by probability renormalised after top-k, whose mass reaches top_p (always at least
-    the top token). The logprob is log_softmax(logits / T) of the unrestricted logits: the
-    grammar, top-k and top-p are truncations, as in vLLM.
+    the top token). `truncate`: "top_k" sorts the vocabulary (top-k, then top-p); "top_p"
+    (top-k off) finds the top-p threshold by bisection instead, without a sort (a full-vocab
+    sort dominated decode time on CPU: 54 s vs 4 s for 32 rows x 48 tokens at vocab 151,936);
+    True means "top_k", False "none". The logprob is log_softmax(logits / T) of the
+    unrestricted logits: the grammar, top-k and top-p are truncations, as in vLLM.
     """
     logits = logits.astype(jnp.float32)
     kept = logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
@@ -130,8 +137,11 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
         return tokens.astype(jnp.int32), _take(jax.nn.log_softmax(logits, axis=-1), tokens)
     logp = jax.nn.log_softmax(logits / temperature, axis=-1)
     scaled = kept / temperature
-    if truncate:
+    mode = {True: "top_k", False: "none"}.get(truncate, truncate)  # type: ignore[call-overload]
+    if mode == "top_k":
         tokens = _truncated_sample(scaled, key, top_k, top_p)
+    elif mode == "top_p":
+        tokens = _top_p_sample(scaled, key, top_p)
     else:
         tokens = jax.random.categorical(key, scaled, axis=-1)
     return tokens.astype(jnp.int32), _take(logp, tokens)
@@ -139,6 +149,26 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
+
+
+def _top_p_sample(scaled: jax.Array, key: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Nucleus sampling without a sort: keep tokens with p >= tau, tau the largest threshold
+    whose kept mass still reaches top_p (the probability of the token that crosses top_p in
+    the sorted order, so the same set up to ties within max(p) * 2^-32)."""
+    probs = jax.nn.softmax(scaled, axis=-1)
+    mass = lambda tau: jnp.where(probs >= tau[:, None], probs, 0.0).sum(-1)
+
+    def halve(_: jax.Array, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        lo, hi = bounds  # invariant: mass(lo) >= top_p
+        mid = 0.5 * (lo + hi)
+        ok = mass(mid) >= top_p
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    top = probs.max(-1)
+    lo, hi = jax.lax.fori_loop(0, TOP_P_BISECTIONS, halve, (jnp.zeros_like(top), top))
+    tau = jnp.where(mass(hi) >= top_p, hi, lo)
+    keep = (top_p >= 1) | (probs >= tau[:, None])
+    return jax.random.categorical(key, jnp.where(keep, scaled, -jnp.inf), axis=-1)
 
 
 def _truncated_sample(scaled: jax.Array, key: jax.Array, top_k: jax.Array,
@@ -218,6 +248,11 @@ class JaxSampler:
     def model(self) -> Qwen3:
         """A `Qwen3` view of the current weights (shares the sampler's arrays)."""
         return nnx.merge(self._graphdef, nnx.from_flat_state(self._params))
+
+    def reseed(self, seed: int) -> None:
+        """Restart the stream of per-call seeds (used when `SamplingParams.seed` is None), so
+        a run that reseeds per step samples the same tokens when it is resumed."""
+        self._rng = np.random.default_rng(seed)
 
     def update_weights(self, weights: nnx.Module | nnx.State, version: int) -> None:
         """Replace the weights by those of `weights` (a same-architecture module, or the
@@ -303,7 +338,8 @@ class JaxSampler:
         Returns the final state and which rows ended because their grammar completed."""
         args = self._sample_args(params, key)
         greedy = params.is_greedy
-        truncate = not greedy and (params.top_k_enabled or params.top_p_enabled)
+        truncate = "none" if greedy else "top_k" if params.top_k_enabled \
+            else "top_p" if params.top_p_enabled else "none"
         total = params.max_new_tokens
         constrained = matchers is not None
         grammar_end = np.zeros(len(state.done), bool)
@@ -482,7 +518,7 @@ class JaxSampler:
         return self._constrain(state)
 
     def _decode_impl(self, params: FlatParams, state: DecodeState, limit: jax.Array,
-                     args: SampleArgs, *, greedy: bool, truncate: bool,
+                     args: SampleArgs, *, greedy: bool, truncate: str,
                      constrained: bool) -> DecodeState:
         """Sample until step == min(limit, max_new) or every row is done."""
         self.trace_count += 1

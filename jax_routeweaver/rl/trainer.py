@@ -1,0 +1,434 @@
+"""The learner: fp32 train state and one jitted, sharded, donated update per RL step.
+
+One step (spec §6.7–6.10) on a packed :class:`~jax_routeweaver.rl.batch.RolloutBatch`:
+
+1. ``ref_logp`` with the frozen reference params, micro-batch by micro-batch. ``old_logp``
+   is recomputed by the trainer, not taken from the sampler (whose logprobs only feed the
+   sampler-vs-trainer gap diagnostic): one optimizer step per batch (ppo_epochs 1, one
+   mini-batch, as the reference runs) means old = current params, so ``old_logp`` is the
+   loss pass's own ``stop_gradient(logp)`` — the same numbers as a separate forward, one
+   forward cheaper;
+2. per micro-batch, the policy loss parts (PPO dual clip, k3 KL, optional entropy) with
+   **mini-batch-global** denominators, so gradients simply add up over micro-batches and one
+   micro-batch equals eight (``losses.py`` contract);
+3. optionally the minimum-support loss over the batch's queries, whose gradient joins the
+   policy gradient before clipping (as the reference's hook adds into ``.grad``);
+4. optax: global-norm clip, AdamW.
+
+Steps 2–4 are one ``jax.jit`` with params and optimizer state donated; micro-batches run
+under ``lax.scan`` so the whole update is one dispatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_routeweaver.models.qwen3 import Qwen3, gathered_logprobs, token_logprobs
+from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, logical_to_spec
+from jax_routeweaver.rl import losses
+
+REDUCTIONS = ("segment", "global")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW as verl runs it (§6.8): lr 1e-6 set explicitly; betas, eps, weight decay 0.01
+    and grad-norm clip 1.0 are verl's defaults. ``warmup_steps`` > 0: linear warmup."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr={self.lr} must be > 0")
+        if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
+            raise ValueError("optim.weight_decay, grad_clip and warmup_steps must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Policy objective (§6.7, §6.8). ``micro_batch_size``: rows per micro-batch (0 = the
+    whole mini-batch in one). The support terms are §6.10's (``support_chunk`` rows are
+    scored per forward)."""
+
+    reduction: str = "segment"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_c: float = 3.0
+    kl_coef: float = 0.001
+    entropy_coef: float = 0.0
+    micro_batch_size: int = 0
+    support_lambda0: float = 0.002
+    support_floor: float = 0.05
+    support_chunk: int = 12
+
+    def __post_init__(self) -> None:
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"loss.reduction={self.reduction!r}: expected one of {REDUCTIONS}")
+        if self.micro_batch_size < 0 or self.support_chunk < 1:
+            raise ValueError("loss.micro_batch_size must be >= 0 and support_chunk >= 1")
+
+
+class TrainState(NamedTuple):
+    """Everything a step changes (a pytree): params ``nnx.State`` (fp32), optax state,
+    step count (int32 scalar) and the step RNG key (uint32 ``[2]``)."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    rng: jax.Array
+
+
+class StepBatch(NamedTuple):
+    """Device arrays of one update, rows grouped as ``[M, mb, ...]`` (M micro-batches).
+    ``tokens, positions, attention_mask [M, mb, L]``; ``index [M, mb, P]`` the positions
+    whose logprobs the loss needs (None: all L, then P = L); the per-token arrays
+    (``response_mask`` … ``ref_logp``) are ``[M, mb, P]``."""
+
+    tokens: jax.Array
+    positions: jax.Array
+    attention_mask: jax.Array
+    index: jax.Array | None
+    response_mask: jax.Array
+    mode_mask: jax.Array
+    advantages: jax.Array
+    clean: jax.Array
+    old_logp: jax.Array | None
+    ref_logp: jax.Array
+
+
+class SupportBatch(NamedTuple):
+    """Teacher-forced declarations for the support loss: rows ``selector prompt +
+    <mode>m</mode>`` in chunks, ``tokens, positions, attention_mask [C, R, L]``;
+    ``index [C, R, D]`` the declaration's positions and ``span [C, R, D]`` which of them are
+    scored; ``query [C, R]`` / ``mode [C, R]`` which query and mode a row scores
+    (``query = -1`` on padding rows)."""
+
+    tokens: jax.Array
+    positions: jax.Array
+    attention_mask: jax.Array
+    index: jax.Array
+    span: jax.Array
+    query: jax.Array
+    mode: jax.Array
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    lr: float | optax.Schedule = cfg.lr
+    if cfg.warmup_steps:
+        lr = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+    chain.append(optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                             weight_decay=cfg.weight_decay))
+    return optax.chain(*chain)
+
+
+class Trainer:
+    """Owns the train state of one policy and its frozen reference.
+
+    ``model``: the policy (``nnx`` module, fp32 params; placed on ``mesh`` by the caller,
+    e.g. ``create_sharded``). The reference params are a copy of the initial params unless
+    ``reference`` is given. ``temperature``: logprobs are taken at the rollout temperature,
+    as verl divides the actor's logits by it.
+    """
+
+    def __init__(self, model: Qwen3, optim: OptimConfig, loss: LossConfig, *,
+                 temperature: float = 0.8, mesh: Mesh | None = None,
+                 rules: Rules = TRAIN_RULES, seed: int = 0,
+                 reference: nnx.State | None = None):
+        if not temperature > 0:
+            raise ValueError(f"temperature={temperature} must be > 0")
+        self.optim_cfg, self.loss_cfg, self.temperature = optim, loss, temperature
+        self.mesh, self.rules = mesh, rules
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.tx = make_optimizer(optim)
+        # Copies: the step donates its state, which must never delete the caller's arrays
+        # (a sampler built from the same module may share them).
+        copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
+        self.ref_params = copy(reference if reference is not None else params)
+        params = copy(params)
+        opt_state = jax.jit(self.tx.init)(params)
+        self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32),
+                                jax.random.key_data(jax.random.key(seed)))
+        self._logprobs = jax.jit(self._logprobs_impl)
+        static = ("with_support", "num_queries")
+        self._update = jax.jit(self._update_impl, donate_argnums=(0,), static_argnames=static)
+        self._grads = jax.jit(self._grads_impl, static_argnames=static)
+
+    # ------------------------------------------------------------------ public
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+    def model(self) -> Qwen3:
+        """The current policy as a module (shares the state's arrays; do not mutate)."""
+        return nnx.merge(self.graphdef, self.state.params)
+
+    def micro_batches(self, rows: int) -> int:
+        """How many micro-batches ``rows`` (already padded to the multiple) split into."""
+        mb = self.loss_cfg.micro_batch_size or rows
+        if rows % mb:
+            raise ValueError(f"{rows} rows do not split into micro-batches of {mb}")
+        return rows // mb
+
+    def row_multiple(self) -> int:
+        """Rows must be padded to a multiple of this: micro-batch size × batch shards."""
+        shards = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        mb = self.loss_cfg.micro_batch_size
+        return int(np.lcm(mb, shards)) if mb else shards
+
+    def logprobs(self, params: Any, tokens: np.ndarray, positions: np.ndarray,
+                 attention_mask: np.ndarray, index: np.ndarray | None = None) -> jax.Array:
+        """Logprobs at the rollout temperature, micro-batch by micro-batch (``lax.map``):
+        ``[N, L]`` per token, or ``[N, P]`` at ``index [N, P]`` (see `gathered_logprobs`)."""
+        m = self.micro_batches(tokens.shape[0])
+        args = [self._put(a, m) for a in (tokens, positions, attention_mask)]
+        idx = None if index is None else self._put(index, m)
+        out = self._logprobs(params, *args, idx)
+        return out.reshape(tokens.shape[0], -1)
+
+    def update(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
+               response_mask: np.ndarray, mode_mask: np.ndarray, advantages: np.ndarray,
+               clean: np.ndarray, *, index: np.ndarray | None = None,
+               sampler_logp: np.ndarray | None = None, support: SupportBatch | None = None,
+               support_rho: float = 0.0, num_queries: int = 0) -> dict[str, float]:
+        """One optimizer step on host arrays (N a multiple of :meth:`row_multiple`):
+        ``tokens, positions, attention_mask [N, L]``, ``clean [N]``, and the per-token
+        ``response_mask, mode_mask, advantages`` (and ``sampler_logp``) ``[N, L]``, or
+        ``[N, P]`` at ``index [N, P]`` (the policy tokens' positions). ``support``: the
+        batch's declaration rows (:func:`support_batch`) over ``num_queries`` queries,
+        weighted ``λ0 · support_rho``.
+        Returns host metrics (``loss/*``, ``ppo/*``, ``grad/*``, ``logprob/sampler_gap_*``,
+        ``support/*``)."""
+        args, kwargs = self._prepare(
+            tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
+            clean, support, support_rho, num_queries)
+        self.state, metrics, logp = self._update(self.state, *args, **kwargs)
+        out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if sampler_logp is not None:
+            trainer_logp = np.asarray(logp).reshape(tokens.shape[0], -1)
+            out.update(sampler_gap(sampler_logp, trainer_logp, response_mask))
+        return out
+
+    def gradients(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
+                  response_mask: np.ndarray, mode_mask: np.ndarray, advantages: np.ndarray,
+                  clean: np.ndarray, *, index: np.ndarray | None = None,
+                  support: SupportBatch | None = None, support_rho: float = 0.0,
+                  num_queries: int = 0) -> tuple[Any, dict[str, jax.Array]]:
+        """The accumulated gradient :meth:`update` would apply (before clipping), and its
+        metrics; the state is left unchanged (tests and diagnostics)."""
+        args, kwargs = self._prepare(
+            tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
+            clean, support, support_rho, num_queries)
+        grads, metrics, _ = self._grads(self.state.params, *args, **kwargs)
+        return grads, metrics
+
+    def _prepare(self, tokens, positions, attention_mask, index, response_mask, mode_mask,
+                 advantages, clean, support, support_rho, num_queries):
+        ref_logp = self.logprobs(self.ref_params, tokens, positions, attention_mask, index) \
+            if self.loss_cfg.kl_coef > 0 else None
+        m = self.micro_batches(tokens.shape[0])
+        counts = losses.segment_counts(jnp.asarray(response_mask), jnp.asarray(mode_mask))
+        put = lambda a: None if a is None else self._put(a, m)
+        batch = StepBatch(*(put(a) for a in (
+            tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
+            clean, None, ref_logp)))
+        with_support = support is not None and self.loss_cfg.support_lambda0 * support_rho > 0
+        args = (batch, counts, support if with_support else None, jnp.float32(support_rho))
+        kwargs = dict(with_support=with_support, num_queries=num_queries if with_support else 0)
+        return args, kwargs
+
+    # ------------------------------------------------------------------ placement
+    def _put(self, a: np.ndarray | jax.Array, m: int) -> jax.Array:
+        """``[N, ...]`` -> ``[M, N/M, ...]`` with the row axis sharded over the batch axes."""
+        a = jnp.asarray(a).reshape(m, a.shape[0] // m, *a.shape[1:])
+        if self.mesh is None:
+            return a
+        spec = logical_to_spec(("batch",), self.rules, mesh=self.mesh)
+        return jax.device_put(a, NamedSharding(self.mesh, P(None, *spec,
+                                                            *([None] * (a.ndim - 2)))))
+
+    # ------------------------------------------------------------------ jitted
+    def _policy_logp(self, params: Any, tokens: jax.Array, positions: jax.Array,
+                     mask: jax.Array, index: jax.Array | None, *, with_entropy: bool = False,
+                     temperature: float | None = None):
+        model = nnx.merge(self.graphdef, params)
+        t = self.temperature if temperature is None else temperature
+        if index is None:
+            return token_logprobs(model, tokens, positions, mask, temperature=t,
+                                  with_entropy=with_entropy)
+        return gathered_logprobs(model, tokens, positions, mask, index, temperature=t,
+                                 with_entropy=with_entropy)
+
+    def _logprobs_impl(self, params: Any, tokens: jax.Array, positions: jax.Array,
+                       mask: jax.Array, index: jax.Array | None) -> jax.Array:
+        return jax.lax.map(lambda xs: self._policy_logp(params, *xs),
+                           (tokens, positions, mask, index))
+
+    def _micro_loss(self, params: Any, mb: StepBatch, counts: losses.SegmentCounts
+                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        cfg = self.loss_cfg
+        with_entropy = cfg.entropy_coef != 0.0
+        out = self._policy_logp(params, mb.tokens, mb.positions, mb.attention_mask, mb.index,
+                                with_entropy=with_entropy)
+        logp, entropy = out if with_entropy else (out, None)
+        old_logp = jax.lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
+        parts, raw = losses.policy_loss_parts(
+            logp, old_logp, mb.advantages, mb.response_mask, mode_mask=mb.mode_mask,
+            clean=mb.clean, ref_logp=mb.ref_logp if cfg.kl_coef > 0 else None, entropy=entropy,
+            counts=counts, reduction=cfg.reduction, kl_coef=cfg.kl_coef,
+            entropy_coef=cfg.entropy_coef, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+            clip_c=cfg.clip_c)
+        # Totals are additive over micro-batches; the denominators are global, so each
+        # micro-batch's value is its exact share of the mini-batch loss.
+        stats = {f"loss/{k}": p.coef * p.value() for k, p in parts.items()}
+        stats |= {f"ppo/{k}": v.value() for k, v in raw.items()}
+        return losses.combine(parts), (stats, jax.lax.stop_gradient(logp))
+
+    def _support_grad(self, params: Any, sb: SupportBatch, rho: jax.Array, num_queries: int
+                      ) -> tuple[Any, dict[str, jax.Array]]:
+        """Exact gradient of ``λ0·ρ·L_support`` through chunked teacher-forced scoring
+        (§6.10): forward all chunks, the cotangent of the scores, then one VJP per chunk."""
+        cfg = self.loss_cfg
+
+        def chunk_scores(p: Any, chunk: tuple[jax.Array, ...]) -> jax.Array:
+            tokens, positions, mask, index, span = chunk
+            # The reference scores declarations with the plain forward (temperature 1).
+            lp = self._policy_logp(p, tokens, positions, mask, index, temperature=1.0)
+            return (lp * span).sum(-1)  # [R] summed declaration logprobs
+
+        chunks = (sb.tokens, sb.positions, sb.attention_mask, sb.index, sb.span)
+        row_scores = jax.lax.map(lambda c: chunk_scores(params, c), chunks)  # [C, R]
+        scores = _scatter_scores(row_scores, sb.query, sb.mode, num_queries)
+        _, cot = losses.support_score_cotangent(scores, rho=rho, lambda0=cfg.support_lambda0,
+                                                floor=cfg.support_floor)
+        row_cot = jnp.where(sb.query >= 0, cot[jnp.maximum(sb.query, 0), sb.mode], 0.0)
+
+        def body(acc: Any, xs: tuple[Any, ...]) -> tuple[Any, None]:
+            chunk, ct = xs[:-1], xs[-1]
+            _, vjp = jax.vjp(lambda p: chunk_scores(p, chunk), params)
+            (g,) = vjp(ct)
+            return jax.tree.map(jnp.add, acc, g), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, _ = jax.lax.scan(body, zeros, (*chunks, row_cot))
+        _, metrics = losses.support_loss(scores, rho=rho, lambda0=cfg.support_lambda0,
+                                         floor=cfg.support_floor)
+        return grads, metrics
+
+    def _grads_impl(self, params: Any, batch: StepBatch, counts: losses.SegmentCounts,
+                    support: SupportBatch | None, rho: jax.Array, *, with_support: bool,
+                    num_queries: int) -> tuple[Any, dict[str, jax.Array], jax.Array]:
+        grad_fn = jax.grad(self._micro_loss, has_aux=True)
+
+        def body(acc: Any, mb: StepBatch) -> tuple[Any, tuple]:
+            g, aux = grad_fn(params, mb, counts)
+            return jax.tree.map(jnp.add, acc, g), aux
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, (stats, logp) = jax.lax.scan(body, zeros, batch)
+        metrics = {k: v.sum() if k.startswith("loss/") else v.mean() for k, v in stats.items()}
+        metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/"))
+        metrics["grad/norm_policy"] = optax.tree.norm(grads)
+        if with_support:
+            sgrads, smetrics = self._support_grad(params, support, rho, num_queries)
+            metrics |= smetrics
+            metrics["grad/norm_support"] = optax.tree.norm(sgrads)
+            grads = jax.tree.map(jnp.add, grads, sgrads)
+        metrics["grad/norm"] = optax.tree.norm(grads)
+        return grads, metrics, logp
+
+    def _update_impl(self, state: TrainState, batch: StepBatch, counts: losses.SegmentCounts,
+                     support: SupportBatch | None, rho: jax.Array, *, with_support: bool,
+                     num_queries: int) -> tuple[TrainState, dict[str, jax.Array], jax.Array]:
+        """One optimizer step; also returns the loss pass's logprobs ``[M, mb, P]``."""
+        grads, metrics, logp = self._grads_impl(state.params, batch, counts, support, rho,
+                                          with_support=with_support, num_queries=num_queries)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics["optim/update_norm"] = optax.tree.norm(updates)
+        rng = jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 1))
+        return TrainState(params, opt_state, state.step + 1, rng), metrics, logp
+
+
+def _scatter_scores(row_scores: jax.Array, query: jax.Array, mode: jax.Array,
+                    num_queries: int) -> jax.Array:
+    """``[C, R]`` row scores -> ``[Q, 3]`` by (query, mode); padding rows (query −1) drop."""
+    q = jnp.where(query >= 0, query, num_queries)  # out of range: dropped by .at[].add
+    out = jnp.zeros((num_queries, len(losses.MODES)), jnp.float32)
+    return out.at[q.reshape(-1), mode.reshape(-1)].add(row_scores.reshape(-1), mode="drop")
+
+
+def sampler_gap(sampler_logp: np.ndarray, trainer_logp: np.ndarray,
+                response_mask: np.ndarray) -> dict[str, float]:
+    """Sampler-vs-trainer logprob gap on policy tokens: mean and max ``|Δ|``. A large gap
+    means a broken weight sync or a numerics bug (the sampler's logprobs are never used in
+    the loss)."""
+    m = np.asarray(response_mask) > 0
+    if not m.any():
+        return {"logprob/sampler_gap_mean": 0.0, "logprob/sampler_gap_max": 0.0}
+    d = np.abs(np.asarray(sampler_logp) - np.asarray(trainer_logp))[m]
+    return {"logprob/sampler_gap_mean": float(d.mean()), "logprob/sampler_gap_max": float(d.max())}
+
+
+def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pad_id: int,
+                  chunk: int = 12, span: str = "content", max_prompt: int = 2048,
+                  length_multiple: int = 64) -> SupportBatch:
+    """Host-side support rows: for each query prompt (its last ``max_prompt`` tokens) and
+    each of the three declaration token lists, one row ``prompt + declaration``.
+
+    ``span="content"`` scores declaration tokens ``3 … n−4`` (the mode word, assuming
+    ``<mode>`` and ``</mode>`` are 3 tokens each, as the reference); ``"full"`` all of them.
+    """
+    if len(declarations) != len(losses.MODES):
+        raise ValueError(f"need {len(losses.MODES)} declarations, got {len(declarations)}")
+    if span not in ("content", "full"):
+        raise ValueError(f"support span {span!r}: expected 'content' or 'full'")
+    rows = []
+    for q, prompt in enumerate(prompts):
+        prompt = list(prompt)[-max_prompt:]
+        for m, decl in enumerate(declarations):
+            lo, hi = (3, len(decl) - 4) if span == "content" else (0, len(decl) - 1)
+            if hi < lo:
+                raise ValueError(f"declaration {decl} too short for span {span!r}")
+            rows.append((prompt + list(decl), len(prompt), lo, hi, q, m))
+    n = _round_up(len(rows), chunk)
+    length = _round_up(max(len(r[0]) for r in rows), length_multiple)
+    width = max(len(d) for d in declarations)
+    tokens = np.full((n, length), pad_id, np.int32)
+    mask = np.zeros((n, length), bool)
+    index = np.ones((n, width), np.int32)
+    span_m = np.zeros((n, width), np.float32)
+    query = np.full(n, -1, np.int32)
+    mode = np.zeros(n, np.int32)
+    for i, (ids, start, lo, hi, q, m) in enumerate(rows):
+        tokens[i, :len(ids)] = ids
+        mask[i, :len(ids)] = True
+        index[i] = np.minimum(start + np.arange(width), len(ids) - 1)
+        span_m[i, lo:hi + 1] = 1.0
+        query[i], mode[i] = q, m
+    mask[len(rows):, 0] = True
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (n, length)).copy()
+    c = n // chunk
+    shape = lambda a: jnp.asarray(a.reshape(c, chunk, *a.shape[1:]))
+    return SupportBatch(shape(tokens), shape(positions), shape(mask), shape(index),
+                        shape(span_m), shape(query), shape(mode))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-max(n, 1) // multiple) * multiple
+

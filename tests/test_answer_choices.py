@@ -1,0 +1,40 @@
+"""Constrained answers drawn from the workers' candidate answers (`EnvConfig.answer_choices`):
+the tiny quickstart router chooses *which* reply to trust instead of spelling an answer."""
+
+from xgrammar.testing import _is_grammar_accept_string as accepts
+
+from jax_routeweaver.routing import grammar as g
+from jax_routeweaver.routing.calls import WorkerCall
+from jax_routeweaver.routing.routeweaver_env import action_grammar, answer_candidates
+
+OFFERED = ["worker_1", "worker_2"]
+
+
+def call(text: str, success: bool = True) -> WorkerCall:
+    return WorkerCall(worker="worker_1", prompt="p", text=text, success=success)
+
+
+def test_candidates_are_extracted_distinct_and_fit_the_answer_pattern():
+    calls = [call("Work...\n<answer>42</answer>"), call("so the answer is \\boxed{7}"),
+             call("<answer>42</answer>"), call("<answer>" + "x" * 40 + "</answer>"),
+             call("<answer>Paris</answer>", success=False), call("The answer is B.")]
+    assert answer_candidates(calls) == ["42", "7", "B"]
+
+
+def test_single_mode_answer_must_be_a_candidate():
+    state = g.RoutingState(mode=g.Mode.SINGLE,
+                           nodes=(g.Node("n1", 1, "worker_1", "solve it"),))
+    ebnf = action_grammar(state, OFFERED, g.ProtocolConfig(), ["42", 'say "hi" \\ now']).ebnf
+    assert accepts(ebnf, "<answer>42</answer>")
+    assert accepts(ebnf, '<answer>say "hi" \\ now</answer>')
+    assert not accepts(ebnf, "<answer>43</answer>")
+    free = action_grammar(state, OFFERED, g.ProtocolConfig()).ebnf
+    assert accepts(free, "<answer>43</answer>")
+
+
+def test_agentic_final_answer_must_be_a_candidate():
+    nodes = (g.Node("n1", 1, "worker_1", "solve", g.Role.EXECUTOR),
+             g.Node("n2", 2, "worker_2", "merge", g.Role.SUMMARIZER, ("n1",)))
+    state = g.RoutingState(mode=g.Mode.AGENTIC, nodes=nodes)
+    ebnf = action_grammar(state, OFFERED, g.ProtocolConfig(), ["B", "C"]).ebnf
+    assert accepts(ebnf, "<answer>B</answer>") and not accepts(ebnf, "<answer>A</answer>")

@@ -1,0 +1,297 @@
+"""Per-step metrics (rl/metrics.py, reference routeweaver.md §6.14): exact values on a hand-built
+batch (forced and free groups, an invalid mode, a violation, dirty rows, two domains), the
+advantage metrics on hand-made advantages and on a real COMET-GRPO output, window means, and
+one batch of real episodes (scripted router, simulated workers, real scorers)."""
+
+import math
+
+import numpy as np
+import pytest
+from scripted import ScriptedSampler
+
+from jax_routeweaver.data.records import Record
+from jax_routeweaver.rewards.reward import FAILURE_KINDS, Rewards, score_batch
+from jax_routeweaver.rl import advantages as A
+from jax_routeweaver.rl.metrics import (
+    advantage_metrics,
+    rollout_metrics,
+    summarize_steps,
+    window_mean,
+)
+from jax_routeweaver.routing.calls import WorkerCall
+from jax_routeweaver.routing.episode import Trajectory
+
+M1 = Record("m1", "MATH", "gsm8k", "math", "1+1?", ("2",))
+M2 = Record("m2", "MATH", "gsm8k", "math", "2+2?", ("4",))
+R1 = Record("r1", "RECALL", "nq", "triviaqa", "Capital of France?", ("Paris",))
+
+
+def call(ok=True):
+    return WorkerCall("worker_1", "p", "reply" if ok else "", ok)
+
+
+def row(record, *, mode, r, r_eff=0.0, correct=False, kind=None, forced=False, calls=(),
+        violation=None, turns=3, policy=5, env=5, span=4, finish="answer", cost=0.0,
+        infra=False):
+    """One (Trajectory, Rewards) pair; `clean` and `failed_calls` follow reward.reward()."""
+    failed = sum(not c.success for c in calls)
+    traj = Trajectory(record, 0, [1, 2], response_ids=list(range(policy + env)),
+                      policy_mask=[1] * policy + [0] * env, mode=mode, mode_span_end=span,
+                      forced=forced, calls=list(calls), violation=violation, turns=turns,
+                      infra_failed=failed > 0, finish=finish)
+    kind = kind or ("correct" if correct else "genuine_incorrect")
+    rewards = Rewards(r, r_eff, infra, -1.0, cost, True, kind, correct=correct,
+                      violation=violation, clean=not infra and failed == 0, failed_calls=failed)
+    return traj, rewards
+
+
+# Group 0 (MATH, free): three modes, rewards 1 / 0 / −1 (a selector violation).
+# Group 1 (RECALL, free): all single; the middle row is dirty (one failed call).
+# Group 2 (MATH, forced agentic): the last row is an infra failure (all calls failed).
+BATCH = [
+    row(M1, mode="single", r=1.0, r_eff=0.5, correct=True, calls=[call()], turns=3,
+        policy=6, env=4, span=4, cost=0.01),
+    row(M1, mode="multi", r=0.0, calls=[call(), call()], turns=4, policy=7, env=5, span=5,
+        cost=0.02),
+    row(M1, mode=None, r=-1.0, r_eff=-1.0, kind="parser_error",
+        violation="selector_mode_missing", turns=1, policy=3, env=0, span=3,
+        finish="violation"),
+    row(R1, mode="single", r=1.0, r_eff=0.5, correct=True, calls=[call()], policy=5, env=3,
+        cost=0.01),
+    row(R1, mode="single", r=0.0, calls=[call(), call(False)], policy=5, env=4, cost=0.03),
+    row(R1, mode="single", r=1.0, r_eff=0.5, correct=True, calls=[call()], policy=5, env=3,
+        cost=0.01),
+    row(M2, mode="agentic", r=1.0, r_eff=0.25, correct=True, forced=True, calls=[call()] * 3,
+        turns=5, policy=8, env=12, span=6, cost=0.05),
+    row(M2, mode="agentic", r=0.0, forced=True, calls=[call()] * 3, turns=5, policy=8, env=12,
+        span=6, cost=0.04),
+    row(M2, mode="agentic", r=0.0, kind="provider_error", forced=True,
+        calls=[call(False)] * 2, turns=5, policy=4, env=6, span=6, infra=True),
+]
+
+
+@pytest.fixture(scope="module")
+def batch_metrics():
+    trajs, rewards = zip(*BATCH, strict=True)
+    return rollout_metrics(list(trajs), list(rewards), group_size=3)
+
+
+def test_rewards_and_accuracy(batch_metrics):
+    m = batch_metrics
+    assert m["reward/mean"] == pytest.approx(3 / 9)
+    assert m["reward/mean_clean"] == pytest.approx(3 / 7)  # rows 4 and 8 are dirty
+    assert m["reward/eff_mean"] == pytest.approx(0.75 / 9)
+    assert {k: m[k] for k in m if k.startswith("reward/by_mode/")} == pytest.approx({
+        "reward/by_mode/single": 0.75, "reward/by_mode/multi": 0.0,
+        "reward/by_mode/invalid": -1.0, "reward/by_mode/agentic": 1 / 3})
+    assert m["reward/by_domain/MATH"] == pytest.approx(1 / 6)
+    assert m["reward/by_domain/RECALL"] == pytest.approx(2 / 3)
+    assert {k: m[k] for k in m if k.startswith("reward/by_domain_mode/")} == pytest.approx({
+        "reward/by_domain_mode/MATH/single": 1.0, "reward/by_domain_mode/MATH/multi": 0.0,
+        "reward/by_domain_mode/MATH/invalid": -1.0,
+        "reward/by_domain_mode/MATH/agentic": 1 / 3,
+        "reward/by_domain_mode/RECALL/single": 2 / 3})
+    assert m["accuracy/mean"] == pytest.approx(4 / 9)
+    assert m["accuracy/by_domain/MATH"] == pytest.approx(1 / 3)
+    assert m["accuracy/by_domain/RECALL"] == pytest.approx(2 / 3)
+
+
+def test_mode_shares_and_curriculum(batch_metrics):
+    m = batch_metrics
+    assert [m[f"mode/share/{k}"] for k in ("single", "multi", "agentic", "invalid")] == \
+        pytest.approx([4 / 9, 1 / 9, 3 / 9, 1 / 9])
+    # Free rows are 0..5: forced agentic rows never count as the policy's choice.
+    assert [m[f"mode/share_free/{k}"] for k in ("single", "multi", "agentic", "invalid")] == \
+        pytest.approx([4 / 6, 1 / 6, 0, 1 / 6])
+    p = [2 / 3, 1 / 6, 1 / 6]
+    assert m["mode/entropy"] == pytest.approx(-sum(x * math.log(x) for x in p))
+    assert m["mode/selector_valid_rate"] == pytest.approx(5 / 6)
+    assert [m[f"mode/share_by_domain/MATH/{k}"] for k in ("single", "multi", "agentic",
+                                                          "invalid")] == \
+        pytest.approx([1 / 3, 1 / 3, 0, 1 / 3])
+    assert m["mode/share_by_domain/RECALL/single"] == 1.0
+    assert m["mode/share_by_domain/RECALL/agentic"] == 0.0
+    assert m["curriculum/forced_share"] == pytest.approx(1 / 3)
+    assert (m["rows/by_domain/MATH"], m["rows/by_domain/RECALL"]) == (6.0, 3.0)
+
+
+def test_group_statistics(batch_metrics):
+    m = batch_metrics
+    # Clean rewards per group: [1, 0, −1] (std 1), [1, 1] (flat), [1, 0] (std √½).
+    assert m["groups/zero_variance_ratio"] == pytest.approx(1 / 3)
+    assert m["groups/reward_std_mean"] == pytest.approx((1 + 0 + math.sqrt(0.5)) / 3)
+    # Free groups: 0 has three modes (single, multi, invalid), 1 is all single.
+    assert m["groups/unique_modes_mean"] == 2.0
+    assert m["groups/all_same_mode_ratio"] == 0.5
+    assert m["groups/mixing_forced_free"] == 0.0
+    assert m["routing/mode_selection_signal"] == 0.5
+
+
+def test_violations_failures_infra(batch_metrics):
+    m = batch_metrics
+    assert m["violation/selector_mode_missing"] == pytest.approx(1 / 9)
+    assert m["violation/rate"] == pytest.approx(1 / 9)
+    assert [k for k in m if k.startswith("violation/")] == [
+        "violation/selector_mode_missing", "violation/rate"]
+    kinds = {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith("failure_kind/")}
+    assert set(kinds) == set(FAILURE_KINDS)  # every known kind, zeros included
+    assert kinds == pytest.approx({**dict.fromkeys(FAILURE_KINDS, 0.0), "correct": 4 / 9,
+                                   "genuine_incorrect": 3 / 9, "parser_error": 1 / 9,
+                                   "provider_error": 1 / 9})
+    assert m["infra/failed_rate"] == pytest.approx(2 / 9)  # row 4 (a failed call), row 8
+    assert m["infra/dirty_rate"] == pytest.approx(2 / 9)
+
+
+def test_episode_shape_finish_cost(batch_metrics):
+    m = batch_metrics
+    assert m["episode/worker_calls_mean"] == pytest.approx(15 / 9)
+    assert m["episode/failed_worker_calls_mean"] == pytest.approx(3 / 9)
+    assert m["episode/turns_mean"] == pytest.approx(32 / 9)
+    assert m["episode/policy_tokens_mean"] == pytest.approx(51 / 9)
+    assert m["episode/env_tokens_mean"] == pytest.approx(49 / 9)
+    assert m["episode/response_tokens_max"] == 20.0
+    # Free rows with a mode: 0, 1, 3, 4, 5 (the invalid row and forced rows are left out).
+    assert m["episode/mode_span_tokens_mean"] == pytest.approx(21 / 5)
+    assert m["finish/answer"] == pytest.approx(8 / 9)
+    assert m["finish/violation"] == pytest.approx(1 / 9)
+    assert m["cost/usd_mean"] == pytest.approx(0.17 / 9)
+    assert m["cost/usd_by_mode/single"] == pytest.approx(0.015)
+    assert m["cost/usd_by_mode/agentic"] == pytest.approx(0.03)
+    assert m["cost/usd_by_mode/invalid"] == 0.0
+    assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
+
+
+def test_mixed_group_all_forced_and_all_dirty():
+    batch = [row(M1, mode="single", r=1.0, forced=True, calls=[call(False)]),
+             row(M1, mode="single", r=0.0, calls=[call(False)]),
+             row(M2, mode="multi", r=0.0, forced=True, calls=[call(False)]),
+             row(M2, mode="multi", r=1.0, forced=True, calls=[call(False)])]
+    trajs, rewards = zip(*batch, strict=True)
+    m = rollout_metrics(list(trajs), list(rewards), group_size=2)
+    assert m["groups/mixing_forced_free"] == 1.0
+    assert m["groups/zero_variance_ratio"] == 1.0  # no clean member anywhere
+    assert m["infra/dirty_rate"] == 1.0
+    # Empty denominators leave keys out rather than logging 0 or NaN.
+    for key in ("reward/mean_clean", "groups/reward_std_mean", "groups/unique_modes_mean",
+                "routing/mode_selection_signal"):
+        assert key not in m
+    assert m["mode/share_free/single"] == 1.0  # the one free row
+    m = rollout_metrics(list(trajs[2:]), list(rewards[2:]), group_size=2)
+    assert not any(k.startswith("mode/share_free/") for k in m)
+    assert "mode/entropy" not in m and "episode/mode_span_tokens_mean" not in m
+    assert m["mode/share/multi"] == 1.0 and m["mode/share/invalid"] == 0.0
+    assert m["curriculum/forced_share"] == 1.0
+
+
+def test_rollout_metrics_rejects_bad_shapes():
+    trajs, rewards = zip(*BATCH, strict=True)
+    with pytest.raises(ValueError, match="groups of 4"):
+        rollout_metrics(list(trajs), list(rewards), group_size=4)
+    with pytest.raises(ValueError, match="rewards"):
+        rollout_metrics(list(trajs), list(rewards[:-1]), group_size=3)
+    assert rollout_metrics([], [], group_size=8) == {}
+
+
+def test_advantage_metrics_by_hand():
+    adv = A.Advantages(token_advantages=None,
+                       a_mode=np.array([0.5, -0.5, 0.3, 0.0]),
+                       a_inner=np.array([0.5, 1e-8, 9.0, 1.0]),
+                       a_grpo=np.array([1.0, -0.4, 0.0, 1.0]))
+    forced = np.array([False, False, False, True])
+    clean = np.array([True, True, False, True])  # row 2 is dirty: its broken identity is ignored
+    resp = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    mode = np.zeros_like(resp)
+    mode[0, :2] = mode[1, :2] = mode[2, :1] = 1
+    m = advantage_metrics(adv, forced=forced, clean=clean, response_mask=resp,
+                          mode_token_mask=mode)
+    assert m == pytest.approx({
+        "adv/mode_abs_mean": 0.5, "adv/inner_abs_mean": 0.25, "adv/grpo_abs_mean": 2.4 / 3,
+        "adv/mode_nonzero_rate": 1.0, "adv/inner_nonzero_rate": 0.5,
+        "adv/identity_error": 0.1, "tokens/mode": 5.0, "tokens/inner": 9.0,
+        "tokens/mode_frac": 5 / 14})
+    none = advantage_metrics(adv, forced=np.ones(4, bool), clean=clean,
+                             response_mask=np.zeros_like(resp), mode_token_mask=mode * 0)
+    assert none["adv/mode_abs_mean"] == none["adv/identity_error"] == 0.0
+    assert none["tokens/mode_frac"] == 0.0
+
+
+def test_advantage_metrics_on_comet_grpo():
+    rewards = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], np.float32)
+    groups = np.array([0, 0, 0, 1, 1, 1])
+    clean = np.array([True, True, True, True, True, False])
+    forced = np.array([False, False, False, True, True, True])
+    mode_ids = np.array([0, 0, 1, 2, 2, 2])
+    span = np.array([3, 3, 4, 5, 5, 5])
+    resp = np.ones((6, 8), np.float32)
+    adv = A.comet_grpo(rewards, groups, clean, forced, mode_ids, span, resp, num_groups=2)
+    mask = A.mode_token_mask(forced, span, resp)
+    m = advantage_metrics(adv, forced=forced, clean=clean, response_mask=resp,
+                          mode_token_mask=mask)
+    assert m["adv/identity_error"] == pytest.approx(float(A.identity_error(adv, forced, clean)),
+                                                    abs=1e-7)
+    assert m["tokens/mode"] == 10.0 and m["tokens/inner"] == 38.0
+    assert m["adv/mode_nonzero_rate"] == 1.0  # single (μ_m ½) vs multi (0) around μ ⅓
+    assert m["adv/inner_nonzero_rate"] == pytest.approx(2 / 3)  # the lone multi row gets 0
+
+
+def test_window_mean_and_summary():
+    nan = float("nan")
+    records = [{"step": 1, "a": 1.0}, {"step": 2, "a": nan}, {"step": 3},
+               {"step": 4, "a": 3.0, "b": 2.0}, {"step": 5, "a": None}]
+    assert window_mean(records, "a", first=2) == 1.0
+    assert window_mean(records, "a", last=2) == 3.0
+    assert window_mean(records, "a") == 2.0
+    assert math.isnan(window_mean(records, "a", first=0))
+    assert math.isnan(window_mean(records, "b", first=3))
+    assert math.isnan(window_mean([], "a", last=10))
+    with pytest.raises(ValueError):
+        window_mean(records, "a", first=1, last=1)
+    s = summarize_steps(records, first=1, last=2)
+    assert (s["a/first"], s["a/last"], s["a/delta"]) == (1.0, 3.0, 2.0)
+    assert math.isnan(s["b/first"]) and s["b/last"] == 2.0
+    assert not any(k.startswith("step/") for k in s)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+
+    return build_qwen3_tokenizer(cache_dir=tmp_path_factory.mktemp("tok"))
+
+
+def test_real_episodes(tok):
+    """Scripted router on simulated workers: one question answered in single mode, one whose
+    selector turn is invalid; scored by the real scorers."""
+    from jax_routeweaver.routing.episode import run_episodes
+    from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
+    from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+
+    tasks = synthetic_tasks(2, seed=0, domains=("RECALL", "KNOWLEDGE"))
+    bad = tasks[1].question  # this one gets an invalid selector turn
+    route = '<route model="worker_3">Solve it.</route>'
+
+    def script(context, params):
+        """Stateless, so both repeats of a question act alike: the turn is read off the
+        response so far (everything after the prompt's assistant header)."""
+        response = context.split("<|im_start|>assistant\n", 1)[1]
+        if bad in context:
+            return "I pick <mode>solo</mode>"
+        if not response:
+            return "<mode>single</mode>"
+        return "<answer>x</answer>" if route in response else route
+
+    pool = SimulatedWorkerPool(tasks, seed=3)
+    trajs = run_episodes(tasks, ScriptedSampler(tok, script), pool,
+                         routeweaver_envs(tok, pool), repeats=2)
+    rewards = score_batch(trajs)
+    m = rollout_metrics(trajs, rewards, group_size=2)
+    assert m["mode/share/single"] == m["mode/share/invalid"] == 0.5
+    assert m["violation/selector_mode_invalid"] == 0.5
+    assert m["reward/by_mode/invalid"] == -1.0
+    assert m["rows/by_domain/RECALL"] == m["rows/by_domain/KNOWLEDGE"] == 2.0
+    assert m["episode/mode_span_tokens_mean"] == 7.0  # `<mode>single</mode>` (§6.6)
+    assert m["episode/policy_tokens_mean"] == pytest.approx(
+        np.mean([sum(t.policy_mask) for t in trajs]))
+    assert m["reward/mean"] == pytest.approx(np.mean([r.r_task for r in rewards]))
+    assert m["groups/all_same_mode_ratio"] == 1.0 and m["groups/mixing_forced_free"] == 0.0
+    assert m["finish/answer"] == m["finish/violation"] == 0.5

@@ -1,0 +1,101 @@
+"""`routeweaver train` end to end on the embedded default (scaled down): config handling, the
+files a run leaves, and exact resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jax_routeweaver.cli import main
+from jax_routeweaver.rl.run_log import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+# Four short steps: 5 queries (one per domain) x 2 rollouts, full state every 2 steps; the
+# curriculum turns free at step 3 so both arms and the COMET split are exercised.
+SMALL = ["steps=4", "data.batch_size=5", "data.group_size=2", "checkpoint.full_every=2",
+         "data.quotas={MATH: 1, CODE: 1, KNOWLEDGE: 1, REASON: 1, RECALL: 1}",
+         "algo.exploration.forced_start_batch=0", "algo.exploration.forced_anneal_steps=2",
+         "rollout.max_new_tokens=48", "logging.progress=false", "logging.tensorboard=false"]
+
+
+def train_cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "jax_routeweaver.cli", "train", "--config", str(QUICKSTART),
+            f"out_dir={out}", *SMALL, *extra]
+
+
+def comparable(records: list[dict]) -> list[dict]:
+    """Per-step metrics without wall-clock times."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+def test_unknown_key_is_an_error_with_a_suggestion(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"extends: {QUICKSTART}\noptim:\n  lrr: 0.1\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "optim.lrr" in err and "did you mean 'lr'" in err
+
+
+def test_bad_override_value_names_the_key(capsys):
+    assert main(["train", "--config", str(QUICKSTART), "optim.lr=fast"]) == 2
+    assert "optim.lr" in capsys.readouterr().err
+
+
+def test_print_config_resolves_overrides(capsys):
+    assert main(["train", "--config", str(QUICKSTART), "--print-config", "optim.lr=0.5",
+                 "data.group_size=3"]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["optim"]["lr"] == 0.5 and resolved["data"]["group_size"] == 3
+    assert resolved["algo"]["estimator"] == "comet_grpo"
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_repeats_the_uninterrupted_run(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    whole = tmp_path / "whole"
+    subprocess.run(train_cmd(whole), check=True, env=env, capture_output=True, timeout=900)
+    expected = read_metrics(whole / "metrics.jsonl")
+    assert [r["step"] for r in expected] == [1, 2, 3, 4]
+
+    # Kill once step 3 is logged: the process is then inside step 4, and the newest full
+    # train state is step 2, so the resumed run redoes steps 3 and 4.
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(train_cmd(killed), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 900
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            path = killed / "metrics.jsonl"
+            if path.exists() and any(json.loads(line)["step"] == 3
+                                     for line in path.read_text().splitlines() if line):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    subprocess.run(train_cmd(killed), check=True, env=env, capture_output=True, timeout=900)
+    resumed = read_metrics(killed / "metrics.jsonl")
+    assert comparable(resumed) == comparable(expected)
+
+    # What a run leaves behind.
+    for name in ("config.yaml", "metrics.jsonl", "reward.png", "mode_shares.png", "run.json"):
+        assert (whole / name).is_file(), name
+    assert sorted(p.name for p in (whole / "checkpoints" / "policy").iterdir()
+                  if p.name.isdigit()) == ["3", "4"]
+    saved = yaml.safe_load((whole / "config.yaml").read_text())
+    assert saved["steps"] == 4 and saved["data"]["group_size"] == 2
+    last = expected[-1]
+    assert last["policy/version"] == 4.0
+    assert last["curriculum/rho"] == 0.0 and last["curriculum/forced_share"] == 0.0
+    assert expected[0]["curriculum/forced_share"] == 1.0
+    assert last["logprob/sampler_gap_max"] < 1e-3
+    assert last["adv/identity_error"] < 1e-5
