@@ -403,3 +403,25 @@ def test_load_tokenizer_on_a_file(tmp_path):
     not_a_dir.write_text("{}")
     with pytest.raises(ValueError, match="not a directory"):
         load_tokenizer(not_a_dir)
+
+
+def test_pruned_tokenizer_keeps_corpus_tokenization_and_encodes_anything(tok):
+    from jax_routeweaver.models.tokenizer import prune_tokenizer
+
+    full = tok
+    corpus = ["You are a router. <mode>agentic</mode>", 'def f(x):\n    return x * 2  # ok',
+              "<route model=\"worker_3\">Solve 17 * 23.</route><answer>391</answer>"]
+    pruned = prune_tokenizer(full, corpus)
+    assert 256 < len(pruned) < 2_000
+    for text in corpus:
+        a = full.convert_ids_to_tokens(full.encode(text, add_special_tokens=False))
+        b = pruned.convert_ids_to_tokens(pruned.encode(text, add_special_tokens=False))
+        assert a == b  # same pieces, new ids
+    odd = "Zürich 漢字 ✓ — never seen"
+    ids = pruned.encode(odd, add_special_tokens=False)
+    assert pruned.decode(ids) == odd and max(ids) < len(pruned)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert (pruned.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            == full.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    assert pruned.eos_token == "<|im_end|>" and pruned.pad_token == "<|endoftext|>"
+    assert pruned.convert_ids_to_tokens(pruned.eos_token_id) == "<|im_end|>"

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
@@ -382,3 +383,49 @@ def _build_fast_tokenizer(vocab_file: Path) -> PreTrainedTokenizerFast:
     if len(tokenizer) != QWEN3_VOCAB_SIZE:
         raise RuntimeError(f"built Qwen3 tokenizer has {len(tokenizer)} tokens, not 151669")
     return tokenizer
+
+
+# ------------------------------------------------------------------------------ pruning
+def prune_tokenizer(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]
+                    ) -> PreTrainedTokenizerFast:
+    """The same byte-level BPE restricted to the tokens `texts` use: a small vocabulary for a
+    tiny router whose `[V, D]` head would otherwise dominate every step.
+
+    Kept: every token the full tokenizer produces on `texts`, the 256 byte-level base tokens
+    (so any string still encodes), every merge ancestor of a kept token (so the kept merges
+    reproduce it), and all added/special tokens. Ids are renumbered in the original order,
+    added tokens after the BPE vocabulary. On `texts` (and any text made of the same
+    pre-tokenized pieces) ids map one-to-one onto the full tokenizer's; other text falls back
+    to shorter pieces. Chat template, eos/pad/bos and normalisation are unchanged.
+    """
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    model = spec["model"]
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        raise ValueError("prune_tokenizer needs a byte-level BPE tokenizer without byte_fallback")
+    vocab: dict[str, int] = model["vocab"]
+    id_to_token = {i: t for t, i in vocab.items()}
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    parents = {a + b: (a, b) for a, b in merges}
+    keep: set[str] = {t for t in vocab if len(t) == 1}  # the byte-level alphabet
+    for text in texts:
+        for i in tokenizer.encode(text, add_special_tokens=False):
+            if i in id_to_token:
+                keep.add(id_to_token[i])
+    stack = list(keep)
+    while stack:
+        for part in parents.get(stack.pop(), ()):
+            if part not in keep:
+                keep.add(part)
+                stack.append(part)
+    order = sorted(keep, key=vocab.__getitem__)
+    model["vocab"] = {t: i for i, t in enumerate(order)}
+    model["merges"] = [[a, b] for a, b in merges if a in keep and b in keep and a + b in keep]
+    for n, added in enumerate(sorted(spec["added_tokens"], key=lambda a: a["id"])):
+        added["id"] = len(order) + n
+    pruned = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        eos_token=tokenizer.eos_token, pad_token=tokenizer.pad_token,
+        bos_token=tokenizer.bos_token, unk_token=tokenizer.unk_token,
+        model_max_length=tokenizer.model_max_length)
+    pruned.chat_template = tokenizer.chat_template
+    return pruned

@@ -155,6 +155,16 @@ class PolicyCheckpointer:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def delete_after(self, step: int) -> list[int]:
+        """Delete the steps newer than `step` (a run resumed from `step` redoes them);
+        returns the deleted steps."""
+        if self.read_only:
+            raise CheckpointError(f"{self.dir}: opened read-only, cannot delete steps")
+        newer = [s for s in self.steps() if s > step]
+        for s in newer:
+            self._manager.delete(s)
+        return newer
+
     def step_dir(self, step: int) -> Path:
         return self.dir / STEP_FORMAT.build_name(step)
 

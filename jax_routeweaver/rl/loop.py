@@ -26,7 +26,11 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded, make_mesh
-from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer, load_tokenizer
+from jax_routeweaver.models.tokenizer import (
+    build_qwen3_tokenizer,
+    load_tokenizer,
+    prune_tokenizer,
+)
 from jax_routeweaver.rewards.reward import RewardConfig, score_batch
 from jax_routeweaver.rl import curriculum
 from jax_routeweaver.rl.batch import compute_advantages, mode_mask, pack_rollouts
@@ -35,6 +39,7 @@ from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
 from jax_routeweaver.rl.run_log import Progress, RunLogger, plot_run, read_metrics, summary_table
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.rl.trainer import Trainer, support_batch
+from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.episode import EpisodeStats, run_episodes
 from jax_routeweaver.routing.pricing import C_REF_USD, REFERENCE_PRICES, load_cost_ref
@@ -60,18 +65,47 @@ class SyncError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------ building
-def build_tokenizer(cfg: TrainConfig) -> Any:
+def build_tokenizer(cfg: TrainConfig, records: list[Record], pool: Any) -> Any:
+    """"qwen3": the real Qwen3 tokenizer (built offline); "qwen3-pruned": the same BPE pruned
+    to the tokens of this run's text (`routing_corpus`); otherwise a tokenizer directory."""
     if cfg.model.tokenizer == "qwen3":
         return build_qwen3_tokenizer()
+    if cfg.model.tokenizer == "qwen3-pruned":
+        return prune_tokenizer(build_qwen3_tokenizer(),
+                               routing_corpus(records, pool, cfg.rollout.protocol))
     return load_tokenizer(cfg.model.tokenizer)
 
 
-def build_policy(cfg: TrainConfig, mesh: Any) -> Qwen3:
-    """The initial policy, born sharded on `mesh` (see `ModelSection`)."""
+CORPUS_REPLIES = 200  # queries whose simulated worker replies join the pruning corpus
+
+
+def routing_corpus(records: list[Record], pool: Any, protocol: Any) -> list[str]:
+    """The text a RouteWeaver run tokenizes: selector prompts, the three rulebooks, action
+    tags, and worker replies to single/multi payloads of the first queries (the environment
+    frames the rest from the same pieces)."""
+    catalog = prompts.catalog_entries(pool)
+    texts = [prompts.selector_prompt(r.question) for r in records]
+    texts += [prompts.mode_rulebook(m, catalog, protocol) for m in g.MODES]
+    texts += [f"<mode>{m}</mode>" for m in g.MODES]
+    texts += [f'<route model="{w}" role="{r}" refs="n1,n2">t</route><answer>a</answer>'
+              for w, _ in catalog for r in ("planner", "executor", "verifier", "summarizer")]
+    if isinstance(pool, SimulatedWorkerPool):
+        for record in records[:CORPUS_REPLIES]:
+            payload = prompts.single_multi_payload(record.question, "Solve the task.")
+            texts += [pool.respond(w, payload).text for w, _ in catalog]
+    return texts
+
+
+def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
+    """The initial policy, born sharded on `mesh` (see `ModelSection`). A random model takes
+    vocab_size (rounded up to 128) and the eos/pad/bos ids from the tokenizer unless given."""
     m = cfg.model
     runtime = dict(scan_layers=m.scan_layers, remat=m.remat, logprob_chunk=m.logprob_chunk)
     if m.init == "random":
-        mc = ModelConfig(**{**m.random, "param_dtype": m.param_dtype, "dtype": m.dtype,
+        fields = {"vocab_size": -(-len(tokenizer) // 128) * 128,
+                  "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+                  "bos_token_id": tokenizer.bos_token_id, **m.random}
+        mc = ModelConfig(**{**fields, "param_dtype": m.param_dtype, "dtype": m.dtype,
                             **runtime})
         return create_sharded(lambda: Qwen3(mc, rngs=nnx.Rngs(cfg.seed)), mesh)
     path = Path(m.init)
@@ -134,22 +168,22 @@ class _Run:
     def __init__(self, cfg: TrainConfig, console: Console):
         self.cfg, self.console = cfg, console
         self.out = Path(cfg.out_dir)
-        self.tokenizer = build_tokenizer(cfg)
+        self.records = build_records(cfg, console)
+        self.pool = build_pool(cfg, self.records)
+        self.tokenizer = build_tokenizer(cfg, self.records, self.pool)
         self.mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
-        model = build_policy(cfg, self.mesh)
+        model = build_policy(cfg, self.mesh, self.tokenizer)
         if len(self.tokenizer) > model.config.vocab_size:
             raise ValueError(f"tokenizer has {len(self.tokenizer)} tokens but the model's "
                              f"vocab_size is {model.config.vocab_size}")
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.eos_id = model.config.eos_token_id if model.config.eos_token_id is not None \
             else self.tokenizer.eos_token_id
-        self.records = build_records(cfg, console)
         d = cfg.data
         self.pipeline = QueryPipeline(self.records, PipelineConfig(
             batch_size=d.batch_size, group_size=d.group_size, quotas=d.quotas or None,
             shuffle=d.shuffle, seed=d.seed, num_batches=None if d.repeat else cfg.steps,
             repeat=d.repeat))
-        self.pool = build_pool(cfg, self.records)
         constraints = GrammarConstraints(self.tokenizer, model.config.vocab_size) \
             if cfg.rollout.constrained else None
         # The first round samples all B×K rows at once: make that an exact batch bucket.
@@ -185,6 +219,8 @@ class _Run:
         if not self.cfg.checkpoint.resume or self.state_ckpt.latest_step() is None:
             return False
         state, loop, step = self.state_ckpt.restore(self.trainer.state)
+        # Policy steps after the restored state belong to the abandoned attempt.
+        self.policy_ckpt.delete_after(step)
         self.trainer.state = state
         self.iterator.set_state(loop["data"])
         self.step = step

@@ -22,8 +22,10 @@ from jax_routeweaver.routing.grammar import ProtocolConfig
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     """The router. ``init``: "random" (architecture from ``random``: ``ModelConfig``
-    fields), a Hugging Face checkpoint directory, or an orbax policy checkpoint directory.
-    ``tokenizer``: "qwen3" (the real Qwen3 tokenizer, built offline) or a tokenizer dir."""
+    fields; vocab_size and eos/pad/bos ids default to the tokenizer's), a Hugging Face
+    checkpoint directory, or an orbax policy checkpoint directory. ``tokenizer``: "qwen3"
+    (the real Qwen3 tokenizer, built offline), "qwen3-pruned" (the same BPE restricted to
+    the tokens of this run's prompts and worker replies) or a tokenizer directory."""
 
     init: str = "random"
     random: dict[str, Any] = dataclasses.field(default_factory=dict)
