@@ -1,4 +1,5 @@
-"""Data: the record schema (`records.py`); the grain pipeline and benchmark preparation follow.
+"""Data: the record schema and readers (`records.py`) and the grain pipeline of query
+batches (`pipeline.py`); benchmark preparation follows.
 
 Never imports `models/` or `rl/`.
 """
