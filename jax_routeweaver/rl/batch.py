@@ -17,6 +17,7 @@ import numpy as np
 
 from jax_routeweaver.rewards.reward import Rewards
 from jax_routeweaver.rl import advantages as adv_lib
+from jax_routeweaver.rl.trainer import round_up
 from jax_routeweaver.routing.episode import Trajectory
 
 MODE_IDS = {"single": adv_lib.MODE_SINGLE, "multi": adv_lib.MODE_MULTI,
@@ -67,10 +68,6 @@ class RolloutBatch:
         return (out * self.policy_valid).astype(np.float32)
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-max(n, 1) // multiple) * multiple
-
-
 def length_bucket(n: int, minimum: int = 64) -> int:
     """The smallest of ``minimum·2^k`` and ``1.5·minimum·2^k`` that holds ``n``: a handful of
     compiled shapes per run (lengths change every step), at most 50% padding."""
@@ -103,7 +100,7 @@ def pack_rollouts(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *, gr
         raise ValueError(f"trajectory {trajs[i].record.sample_id!r} (repeat "
                          f"{trajs[i].repeat}) has {lengths[i]} tokens > max_length {max_length}")
     n_real = len(trajs)
-    n = _round_up(n_real, row_multiple)
+    n = round_up(n_real, row_multiple)
     length = length_bucket(max(lengths), length_multiple)
     tokens = np.full((n, length), pad_id, np.int32)
     attention = np.zeros((n, length), bool)

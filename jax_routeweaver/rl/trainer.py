@@ -406,8 +406,8 @@ def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pa
             if hi < lo:
                 raise ValueError(f"declaration {decl} too short for span {span!r}")
             rows.append((prompt + list(decl), len(prompt), lo, hi, q, m))
-    n = _round_up(len(rows), chunk)
-    length = _round_up(max(len(r[0]) for r in rows), length_multiple)
+    n = round_up(len(rows), chunk)
+    length = round_up(max(len(r[0]) for r in rows), length_multiple)
     width = max(len(d) for d in declarations)
     tokens = np.full((n, length), pad_id, np.int32)
     mask = np.zeros((n, length), bool)
@@ -429,6 +429,7 @@ def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pa
                         shape(span_m), shape(query), shape(mode))
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` >= max(n, 1)."""
     return -(-max(n, 1) // multiple) * multiple
 

@@ -111,7 +111,6 @@ def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int,
     return tokens, mask, positions, lens
 
 
-TRUNCATIONS = ("none", "top_p", "top_k")
 TOP_P_BISECTIONS = 32
 
 
