@@ -36,5 +36,20 @@ def test_agentic_final_answer_must_be_a_candidate():
     nodes = (g.Node("n1", 1, "worker_1", "solve", g.Role.EXECUTOR),
              g.Node("n2", 2, "worker_2", "merge", g.Role.SUMMARIZER, ("n1",)))
     state = g.RoutingState(mode=g.Mode.AGENTIC, nodes=nodes)
-    ebnf = action_grammar(state, OFFERED, g.ProtocolConfig(), ["B", "C"]).ebnf
-    assert accepts(ebnf, "<answer>B</answer>") and not accepts(ebnf, "<answer>A</answer>")
+    grammar = action_grammar(state, OFFERED, g.ProtocolConfig(), ["B", "C"])
+    assert accepts(grammar.ebnf, "<answer>B</answer>")
+    assert not accepts(grammar.ebnf, "<answer>A</answer>")
+    # Nothing but an answer is allowed: a finite choice, matched over canonical tokens.
+    assert grammar.choices == ("<answer>B</answer>", "<answer>C</answer>")
+
+
+def test_finite_choices_are_choice_grammars_and_free_text_is_not():
+    selector = action_grammar(g.RoutingState(), OFFERED, g.ProtocolConfig())
+    assert selector.choices == ("<mode>single</mode>", "<mode>multi</mode>",
+                                "<mode>agentic</mode>")
+    used = g.RoutingState(mode=g.Mode.SINGLE, nodes=(g.Node("n1", 1, "worker_1", "solve"),))
+    assert action_grammar(used, OFFERED, g.ProtocolConfig(), ["7"]).choices == (
+        "<answer>7</answer>",)
+    assert action_grammar(used, OFFERED, g.ProtocolConfig()).choices == ()  # free answer
+    fresh = g.RoutingState(mode=g.Mode.MULTI)
+    assert action_grammar(fresh, OFFERED, g.ProtocolConfig(), ["7"]).choices == ()  # a route

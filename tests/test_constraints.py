@@ -9,9 +9,14 @@ from flax import nnx
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
-from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer, prune_tokenizer
 from jax_routeweaver.sampling.base import SamplingParams
-from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints, unpack_bitmask
+from jax_routeweaver.sampling.constraints import (
+    ChoiceMatcher,
+    Grammar,
+    GrammarConstraints,
+    unpack_bitmask,
+)
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
 
 SELECTOR = Grammar('root ::= "<mode>" ("single" | "multi" | "agentic") "</mode>"')
@@ -101,3 +106,91 @@ def test_unpack_bitmask_matches_numpy():
     expected = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :150]
     got = np.asarray(unpack_bitmask(jnp.asarray(bitmask), 150))
     np.testing.assert_array_equal(got, expected.astype(bool))
+
+
+MODES = ("<mode>single</mode>", "<mode>multi</mode>", "<mode>agentic</mode>")
+
+
+def test_choice_matcher_bitmask_and_walk():
+    m = ChoiceMatcher([[5, 31, 63], [5, 32], [100]])
+    row = np.zeros(4, np.int32)
+
+    def allowed():
+        m.fill_row(row)
+        return set(np.flatnonzero(np.asarray(unpack_bitmask(jnp.asarray(row[None]), 128))[0]))
+
+    assert allowed() == {5, 100}
+    assert not m.accept_token(31) and m.accept_token(5)
+    assert allowed() == {31, 32}  # bit 31 of word 0 and bit 0 of word 1
+    assert m.accept_token(31) and not m.is_terminated()
+    assert allowed() == {63}
+    assert m.accept_token(63) and m.is_terminated()
+    assert not m.accept_token(63)
+
+
+def test_choice_matcher_prefixes_need_a_stop_token():
+    with pytest.raises(ValueError, match="prefix of another"):
+        ChoiceMatcher([[1, 2], [1, 2, 3]])
+    m = ChoiceMatcher([[1, 2], [1, 2, 3]], stop_token_ids=[9])
+    assert m.accept_token(1) and m.accept_token(2)
+    assert sorted(m.allowed()) == [3, 9]
+    assert m.accept_token(9) and m.is_terminated()
+
+
+def _uniform_mode_probs(constraints, tokenizer, grammar):
+    """Exact probability of each declaration when every step picks uniformly among the
+    tokens the grammar's matcher allows (what a zero-logit policy samples)."""
+    probs: dict[str, float] = {}
+
+    def walk(prefix, p):
+        m = constraints.matcher(grammar)
+        for t in prefix:
+            assert m.accept_token(t)
+        if m.is_terminated():
+            text = tokenizer.decode(prefix)
+            probs[text] = probs.get(text, 0.0) + p
+            return
+        bitmask = constraints.fill([m], np.zeros((1, constraints.words), np.int32))
+        allowed = np.flatnonzero(np.asarray(unpack_bitmask(jnp.asarray(bitmask),
+                                                           constraints.vocab_size))[0])
+        for t in allowed.tolist():
+            walk([*prefix, t], p / len(allowed))
+
+    walk([], 1.0)
+    return probs
+
+
+def test_choice_samples_canonical_tokens_uniformly(tokenizer):
+    """In a tiny run's pruned vocabulary (a, ag, age, s, single, m, multi are tokens) a text
+    grammar admits 3 first tokens for agentic and 2 for the others, so a uniform policy
+    declares agentic 3/7 of the time; a choice grammar admits only canonical tokenizations,
+    a third each, and the sampler follows it."""
+    tokenizer = prune_tokenizer(tokenizer, [*MODES, "age", "Query 1"])
+    constraints = GrammarConstraints(tokenizer, len(tokenizer))
+    text = _uniform_mode_probs(constraints, tokenizer, SELECTOR)
+    assert text["<mode>agentic</mode>"] == pytest.approx(3 / 7)
+    choice = _uniform_mode_probs(constraints, tokenizer, Grammar.choice(MODES))
+    assert choice == pytest.approx(dict.fromkeys(MODES, 1 / 3))
+
+    cfg = ModelConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                      num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32)
+    flat = Qwen3(cfg, rngs=nnx.Rngs(0))
+    flat.lm_head[...] = jnp.zeros_like(flat.lm_head[...])
+    sampler = JaxSampler(flat, decode=tokenizer.decode, constraints=constraints)
+    n = 240
+    out = sampler.generate([tokenizer.encode(f"Query {i}", add_special_tokens=False)
+                            for i in range(n)],
+                           SamplingParams(temperature=1.0, max_new_tokens=24, seed=11),
+                           [Grammar.choice(MODES)] * n)
+    canonical = {tuple(tokenizer.encode(m, add_special_tokens=False)): m for m in MODES}
+    assert all(tuple(c.token_ids) in canonical for c in out)
+    shares = {m: sum(canonical[tuple(c.token_ids)] == m for c in out) / n for m in MODES}
+    assert all(0.25 <= s <= 0.42 for s in shares.values()), shares  # 1/3 +- 2.7 sd
+
+
+def test_choice_grammar_text_is_the_same_language():
+    g = Grammar.choice(['say "hi"', "a\\b"], end_with_stop_token=True)
+    assert g.ebnf == 'root ::= "say \\"hi\\"" | "a\\\\b"'
+    assert g.choices == ('say "hi"', "a\\b") and g.end_with_stop_token
+    with pytest.raises(ValueError, match="at least one option"):
+        Grammar.choice([])

@@ -118,6 +118,7 @@ def test_plan_batch_k_rollouts_share_verdict():
     n_forced = sum(g[0].forced for g in by_query.values())
     assert 0 < n_forced < 32
     assert C.plan_batch(ids, 50, cfg) == plans
+    assert len(C.plan_batch(ids, 50, cfg, group_size=3)) == 32 * 3
     full = C.plan_batch(ids, 0, cfg)
     assert all(p.forced for p in full)
     assert sorted(Counter(p.forced_mode for p in full if p.rollout == 0).values()) == [10, 11, 11]

@@ -21,8 +21,6 @@ class ExplorationConfig:
     forced_anneal_steps: int = 50
     support_lambda0: float = 0.002
     support_floor: float = 0.05
-    batch_size: int = 32  # queries per batch
-    group_size: int = 8  # K rollouts per query
 
     def __post_init__(self) -> None:
         if self.forced_anneal_steps <= 0:
@@ -166,9 +164,11 @@ def plan_batch(
     batch_index: int,
     cfg: ExplorationConfig = ExplorationConfig(),
     *,
+    group_size: int = 8,
     forced_modes: list[str] | None = None,
 ) -> list[RolloutPlan]:
-    """K rollouts per query (query-major), all sharing the query's forced verdict and mode.
+    """``group_size`` (K) rollouts per query (query-major), all sharing the query's forced
+    verdict and mode.
 
     ``forced_modes`` are the parquet's ``extra_info.forced_mode`` values; None assigns
     them with :func:`balanced_forced_modes`.
@@ -182,6 +182,6 @@ def plan_batch(
         forced = is_forced(sid, batch_index, cfg)
         if forced and mode not in MODES:
             raise ValueError(f"forced row {sid!r} has invalid forced_mode {mode!r}")
-        for k in range(cfg.group_size):
+        for k in range(group_size):
             plans.append(RolloutPlan(sid, k, batch_index, forced, mode if forced else None))
     return plans

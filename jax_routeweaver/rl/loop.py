@@ -86,7 +86,7 @@ def routing_corpus(records: list[Record], pool: Any, protocol: Any) -> list[str]
     catalog = prompts.catalog_entries(pool)
     texts = [prompts.selector_prompt(r.question) for r in records]
     texts += [prompts.mode_rulebook(m, catalog, protocol) for m in g.MODES]
-    texts += [f"<mode>{m}</mode>" for m in g.MODES]
+    texts += [g.declaration_text(m) for m in g.MODES]
     texts += [f'<route model="{w}" role="{r}" refs="n1,n2">t</route><answer>a</answer>'
               for w, _ in catalog for r in ("planner", "executor", "verifier", "summarizer")]
     if isinstance(pool, SimulatedWorkerPool):
@@ -157,7 +157,7 @@ def env_config(cfg: TrainConfig, eos_id: int) -> EnvConfig:
 
 def mode_declarations(tokenizer: Any) -> list[list[int]]:
     """Token ids of ``<mode>m</mode>`` for single, multi, agentic (the support loss)."""
-    return [tokenizer.encode(f"<mode>{m}</mode>", add_special_tokens=False)
+    return [tokenizer.encode(g.declaration_text(m), add_special_tokens=False)
             for m in curriculum.MODES]
 
 
@@ -236,7 +236,7 @@ class _Run:
         ids = [r.sample_id for r in batch.records]
         baked = [r.forced_mode for r in batch.records]
         plans = curriculum.plan_batch(
-            ids, batch.index, cfg.algo.exploration,
+            ids, batch.index, cfg.algo.exploration, group_size=batch.group_size,
             forced_modes=baked if all(m in curriculum.MODES for m in baked) else None)
         by_query = {p.sample_id: p for p in plans}
         records = [r.replace(forced_mode=by_query[r.sample_id].forced_mode)

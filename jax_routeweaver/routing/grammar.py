@@ -694,10 +694,20 @@ def chat_delta(text: str) -> str:
     return CHAT_USER_TURN_OPEN + text + CHAT_ASSISTANT_TURN_OPEN
 
 
+def declaration_text(mode: Mode | str) -> str:
+    """`<mode>m</mode>`: a mode declaration."""
+    return f"{MODE_OPEN}{Mode(mode)}{MODE_CLOSE}"
+
+
+def answer_text(answer: str) -> str:
+    """`<answer>a</answer>`: a final answer action."""
+    return f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+
 def forced_declaration_text(mode: Mode, config: ProtocolConfig) -> str:
     """The environment's `<mode>m</mode>` for a forced episode (mask 0), right after the
     prompt's generation header; the rulebook's chat delta follows it."""
-    declaration = f"{MODE_OPEN}{Mode(mode)}{MODE_CLOSE}"
+    declaration = declaration_text(mode)
     if config.forced_declaration == "assistant_text":
         return declaration
     return chat_delta(declaration)

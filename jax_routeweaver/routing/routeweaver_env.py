@@ -23,7 +23,7 @@ from jax_routeweaver.routing.answers import extract_answer
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
 from jax_routeweaver.routing.episode import CallRequest, EnvFactory, Step, Trajectory, Turn
 from jax_routeweaver.sampling.base import Completion, SamplingParams
-from jax_routeweaver.sampling.constraints import Grammar
+from jax_routeweaver.sampling.constraints import Grammar, ebnf_literal
 
 # Reference router decoding (§1.3): train T 0.8, top-p 0.95, top-k off; eval greedy.
 TRAIN_SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, top_k=-1, max_new_tokens=512)
@@ -256,36 +256,35 @@ def answer_candidates(calls: Sequence[WorkerCall], max_chars: int = 32) -> list[
     return out
 
 
-def _literal(text: str) -> str:
-    """`text` as an EBNF string literal."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def action_grammar(state: g.RoutingState, offered: Sequence[str],
                    config: g.ProtocolConfig, answers: Sequence[str] | None = None) -> Grammar:
     """A grammar admitting only actions the protocol accepts in `state`. `answers`: if
     non-empty, the answer must be one of them.
 
-    Selector: one of the three declarations. single/multi: a route to an offered worker while
+    Selector: one of the three declarations. Finite choices (the selector; an answer that
+    must be one of `answers` when nothing else is allowed) are `Grammar.choice`s, matched
+    over canonical tokenizations. single/multi: a route to an offered worker while
     calls remain, an answer once enough calls were made. agentic: one route per layer (so no
     duplicate or crowded layer), refs only to completed nodes, a verifier always and a
     summarizer (after the first node) with refs, the last slot for the summarizer, then only
     the answer; the layer message ends with the stop token.
     """
     if state.mode is None:
-        modes = " | ".join(f'"{m}"' for m in g.MODES)
-        return Grammar(f'root ::= "<mode>" ({modes}) "</mode>"')
+        return Grammar.choice([g.declaration_text(m) for m in g.MODES])
     workers = " | ".join(f'"{w}"' for w in offered)
     answer = _ANSWER if not answers else \
-        '"<answer>" (' + " | ".join(_literal(a) for a in answers) + ') "</answer>"'
+        '"<answer>" (' + " | ".join(ebnf_literal(a) for a in answers) + ') "</answer>"'
+    answer_only = Grammar.choice([g.answer_text(a) for a in answers]) if answers else \
+        Grammar(f"root ::= {answer}")
     if state.mode != g.Mode.AGENTIC:
         required, limit = config.route_bounds(state.mode)
         route = f'"<route model=\\"" ({workers}) "\\">" {_TASK} "</route>"'
-        options = ([route] if state.calls_used < limit else []) + (
-            [answer] if state.calls_used >= required else [])
+        if state.calls_used >= limit:
+            return answer_only
+        options = [route] + ([answer] if state.calls_used >= required else [])
         return Grammar("root ::= " + " | ".join(options))
     if state.summarizer_done:
-        return Grammar(f"root ::= {answer}")
+        return answer_only
     nodes = state.completed_ids
     refs_some = 'ref ("," ref){0,3}'
     refs_any = '""' if not nodes else '"" | ' + refs_some

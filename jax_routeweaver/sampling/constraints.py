@@ -5,6 +5,13 @@ applies the masks itself; a vLLM sidecar passes the same text to vLLM's structur
 `GrammarConstraints` compiles grammars for one tokenizer and model vocabulary (cached by text)
 and hands out matchers that track each row's progress.
 
+A grammar over text admits every tokenization of a string: after `<mode>`, xgrammar allows
+`a`, `ag` and `age` as first tokens of `agentic` but only `single` for single, so a
+near-uniform (random-init) policy declares agentic ~3x as often as it should, by paths a
+real tokenizer never produces. A finite choice (`Grammar.choice`) is therefore matched over
+token ids instead: each option's canonical tokenization in a trie (`ChoiceMatcher`), so the
+policy chooses among exactly the sequences a model (and the support loss) scores.
+
 Bitmask layout (xgrammar's): `[B, ceil(V / 32)]` int32; token t is allowed iff bit t % 32 of
 word t // 32 is set.
 """
@@ -31,6 +38,82 @@ class Grammar:
 
     ebnf: str
     end_with_stop_token: bool = False
+    choices: tuple[str, ...] = ()
+
+    @classmethod
+    def choice(cls, options: Sequence[str], end_with_stop_token: bool = False) -> Grammar:
+        """Exactly one of `options`, each in its canonical tokenization (`ChoiceMatcher`);
+        `ebnf` is the same language as text, for samplers that only take EBNF."""
+        if not options:
+            raise ValueError("Grammar.choice needs at least one option")
+        ebnf = "root ::= " + " | ".join(ebnf_literal(o) for o in options)
+        return cls(ebnf, end_with_stop_token, tuple(options))
+
+
+def ebnf_literal(text: str) -> str:
+    """`text` as an xgrammar EBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+class ChoiceMatcher:
+    """Matches one of a finite set of token sequences (a trie), with xgrammar's matcher
+    interface as `JaxSampler` uses it (`accept_token`, `is_terminated`) plus `fill_row`.
+
+    Without `stop_token_ids` the row ends when a sequence completes, so no sequence may be a
+    prefix of another; with them, a completed sequence may only be followed by a stop token
+    (or continue into a longer one) and the row ends on the stop token.
+    """
+
+    def __init__(self, sequences: Sequence[Sequence[int]], stop_token_ids: Sequence[int] = ()):
+        self._stops = tuple(int(t) for t in stop_token_ids)
+        self._root: dict = {}
+        for seq in sequences:
+            if not seq:
+                raise ValueError("ChoiceMatcher: an option encodes to no tokens")
+            node = self._root
+            for t in seq:
+                node = node.setdefault(int(t), {})
+            node[None] = True  # terminal marker
+        if not self._stops:
+            for seq in sequences:
+                node = self._root
+                for t in seq:
+                    node = node[int(t)]
+                if len(node) > 1:
+                    raise ValueError(f"ChoiceMatcher: option {list(seq)} is a prefix of another "
+                                     "and nothing (no stop token) ends the shorter one")
+        self._node = self._root
+        self._done = False
+
+    def allowed(self) -> list[int]:
+        """Token ids the next step may take (none once terminated)."""
+        if self._done:
+            return []
+        ids = [t for t in self._node if t is not None]
+        return ids + list(self._stops) if None in self._node else ids
+
+    def fill_row(self, row: np.ndarray) -> None:
+        """Write the next-token bitmask into `row` `[W]` int32 (xgrammar's bit layout)."""
+        bits = np.zeros(row.shape[0] * 32, bool)
+        bits[self.allowed()] = True
+        row[:] = np.packbits(bits.reshape(-1, 32)[:, ::-1], axis=1).view(">u4").astype(
+            np.uint32).view(np.int32).ravel()
+
+    def accept_token(self, token: int) -> bool:
+        token = int(token)
+        if self._done:
+            return False
+        if None in self._node and token in self._stops:
+            self._done = True
+            return True
+        if token not in self._node:
+            return False
+        self._node = self._node[token]
+        self._done = not self._stops and self._node.keys() == {None}  # a leaf
+        return True
+
+    def is_terminated(self) -> bool:
+        return self._done
 
 
 class GrammarConstraints:
@@ -45,6 +128,8 @@ class GrammarConstraints:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads)
         self._compiled: dict[str, Any] = {}
+        self._tokenizer = tokenizer
+        self._encoded: dict[str, tuple[int, ...]] = {}
 
     def compile(self, ebnf: str) -> Any:
         """The compiled grammar (cached by text); ValueError naming the grammar if invalid."""
@@ -56,14 +141,28 @@ class GrammarConstraints:
                 raise ValueError(f"invalid grammar {snippet!r}: {e}") from e
         return self._compiled[ebnf]
 
+    def encode(self, text: str) -> tuple[int, ...]:
+        """`text`'s canonical token ids (cached); ValueError if one is outside the vocab."""
+        if text not in self._encoded:
+            ids = tuple(self._tokenizer.encode(text, add_special_tokens=False))
+            if any(t >= self.vocab_size for t in ids):
+                raise ValueError(f"choice {text!r} encodes to ids {ids} beyond the model "
+                                 f"vocabulary ({self.vocab_size})")
+            self._encoded[text] = ids
+        return self._encoded[text]
+
     def matcher(self, grammar: Grammar, stop_token_ids: Sequence[int] = ()) -> Any:
-        """A fresh xgrammar matcher for one row."""
+        """A fresh matcher for one row: a `ChoiceMatcher` for `Grammar.choice`, else
+        xgrammar's."""
+        if grammar.end_with_stop_token and not stop_token_ids:
+            raise ValueError("Grammar(end_with_stop_token=True) needs stop_token_ids in the "
+                             "SamplingParams")
+        stops = list(stop_token_ids) if grammar.end_with_stop_token else []
+        if grammar.choices:
+            return ChoiceMatcher([self.encode(c) for c in grammar.choices], stops)
         kwargs: dict[str, Any] = {"terminate_without_stop_token": not grammar.end_with_stop_token}
-        if grammar.end_with_stop_token:
-            if not stop_token_ids:
-                raise ValueError("Grammar(end_with_stop_token=True) needs stop_token_ids in the "
-                                 "SamplingParams")
-            kwargs["override_stop_tokens"] = list(stop_token_ids)
+        if stops:
+            kwargs["override_stop_tokens"] = stops
         return self._xgr.GrammarMatcher(self.compile(grammar.ebnf), **kwargs)
 
     def fill(self, matchers: Sequence[Any | None], out: np.ndarray) -> np.ndarray:
@@ -74,7 +173,11 @@ class GrammarConstraints:
         out[...] = -1
         view = torch.from_numpy(out)  # shares memory: xgrammar fills a torch tensor in place
         for i, m in enumerate(matchers):
-            if m is not None and not m.is_terminated():
+            if m is None or m.is_terminated():
+                continue
+            if isinstance(m, ChoiceMatcher):
+                m.fill_row(out[i])
+            else:
                 m.fill_next_token_bitmask(view, i)
         return out
 
