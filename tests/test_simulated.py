@@ -146,6 +146,11 @@ def test_synthetic_tasks_domain_subset_and_bad_arguments():
         synthetic_tasks(3, seed=0, domains=["MATH", "MATH"])
     with pytest.raises(ValueError, match="non-negative"):
         synthetic_tasks(-1, seed=0)
+    hard = synthetic_tasks(20, seed=0, levels=("medium", "hard", "hard"))
+    assert [r.difficulty for r in hard[::5]] == ["medium", "hard", "hard", "medium"]
+    assert all(r.difficulty in ("medium", "hard") for r in hard)
+    with pytest.raises(ValueError, match="levels must be"):
+        synthetic_tasks(3, seed=0, levels=("extreme",))
 
 
 def test_synthetic_gold_is_gradable(tasks):

@@ -80,6 +80,9 @@ def test_micro_batching_on_the_8_device_mesh(devices):
     assert_grads_close(g_ref, g_mesh)
     leaf = jax.tree.leaves(sharded.state.params)[0]
     assert len(leaf.sharding.device_set) > 1  # really sharded
+    # A micro-batch's rows are split over the 8 batch shards: 4 rows cannot be.
+    with pytest.raises(ValueError, match="micro_batch_size=4 must be a multiple"):
+        Trainer(model(mesh=mesh), OptimConfig(), LossConfig(micro_batch_size=4), mesh=mesh)
 
 
 def test_gradient_matches_direct_autodiff_of_the_loss():
@@ -209,3 +212,31 @@ def test_gathered_positions_give_the_same_gradient():
     assert_grads_close(full, gathered, rtol=1e-5)
     np.testing.assert_allclose(float(m_full["loss/total"]), float(m_g["loss/total"]),
                                rtol=1e-5)
+
+
+def test_ppo_mini_batches_are_sequential_steps_against_the_pre_update_policy():
+    """Two mini-batches = two optimizer steps on the row halves, each with its own token
+    denominators and the ratio taken against the logprobs *before* the first step."""
+    batch = random_batch(n=8)
+    optim = OptimConfig(lr=1e-2)
+    split = Trainer(model(), optim, LossConfig(ppo_mini_batches=2, micro_batch_size=2))
+    assert split.row_multiple() == 4
+    metrics = split.update(**batch)
+    assert metrics["optim/steps"] == 2 and split.step == 2
+    # The second step sees a moved policy: its ratios are not 1.
+    assert metrics["ppo/ppo_kl"] != 0.0
+
+    by_hand = Trainer(model(), optim, LossConfig(micro_batch_size=2))
+    old = np.asarray(by_hand.logprobs(by_hand.state.params, batch["tokens"],
+                                      batch["positions"], batch["attention_mask"]))
+    for half in (slice(0, 4), slice(4, 8)):
+        by_hand.update(**{k: v[half] for k, v in batch.items()}, old_logp=old[half])
+    np.testing.assert_allclose(flat(split.state.params), flat(by_hand.state.params),
+                               rtol=0, atol=1e-6)
+
+    epochs = Trainer(model(), optim, LossConfig(ppo_epochs=3))
+    assert epochs.update(**batch)["optim/steps"] == 3 and epochs.step == 3
+    with pytest.raises(ValueError, match="do not split into 2 mini-batches"):
+        split.update(**{k: v[:5] for k, v in batch.items()})
+    with pytest.raises(ValueError, match="ppo_mini_batches=0"):
+        LossConfig(ppo_mini_batches=0)

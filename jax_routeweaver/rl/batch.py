@@ -182,3 +182,20 @@ def mode_mask(batch: RolloutBatch, estimator: str) -> np.ndarray:
     return np.asarray(adv_lib.mode_token_mask(jnp.asarray(batch.forced),
                                               jnp.asarray(batch.mode_span_end),
                                               jnp.asarray(batch.response_mask)), np.float32)
+
+
+def check_query_groups(trajs: Sequence[Trajectory], group_size: int) -> None:
+    """GRPO groups are rows ``[g·K, (g+1)·K)``: each must hold one query (``sample_id``), and
+    no query two groups (Router-R1 upstream grouped by a per-dataset row index, so rows of two
+    datasets with the same index shared a group, router-r1.md §4.2). ValueError naming the
+    offending sample ids."""
+    ids = [t.record.sample_id for t in trajs]
+    groups = [ids[i:i + group_size] for i in range(0, len(ids), group_size)]
+    mixed = [g for g in groups if len(set(g)) != 1]
+    if mixed:
+        raise ValueError(f"a GRPO group mixes queries: {mixed[0]}")
+    firsts = [g[0] for g in groups]
+    if len(set(firsts)) != len(firsts):
+        raise ValueError(f"a query spans two GRPO groups: "
+                         f"{sorted({i for i in firsts if firsts.count(i) > 1})}")
+

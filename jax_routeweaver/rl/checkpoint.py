@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
@@ -425,15 +427,29 @@ class StateCheckpointer:
         self._manager.save(int(step), args=args, force=True)
         self._manager.wait_until_finished()
 
+    def read_loop(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON `loop` item of a saved step (latest by default), without the arrays."""
+        step = self._manager.latest_step() if step is None else int(step)
+        if step is None:
+            raise FileNotFoundError(f"{self.dir}: no train-state checkpoint")
+        got = self._manager.restore(step, args=ocp.args.Composite(
+            **{LOOP_ITEM: ocp.args.JsonRestore()}))
+        return dict(got[LOOP_ITEM])
+
     def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict[str, Any], int]:
         """(state shaped and sharded like `template`, loop dict, step); latest by default.
-        A state saved from a different model or optimizer is a CheckpointError."""
+        A leaf the template holds uncommitted (a fresh optimizer state, which the first
+        jitted update places) comes back uncommitted on the default device, as at a fresh
+        start: committed to one device it would clash with mesh-sharded params in the next
+        update. A state saved from a different model or optimizer is a CheckpointError."""
         step = self._manager.latest_step() if step is None else int(step)
         if step is None:
             raise FileNotFoundError(f"{self.dir}: no train-state checkpoint")
         treedef = jax.tree_util.tree_structure(template)
         keyed = _keyed_leaves(template)
-        target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+        loose = {k for k, v in keyed.items() if not getattr(v, "committed", True)}
+        target = {k: np.empty(v.shape, v.dtype) if k in loose
+                  else jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
                   for k, v in keyed.items()}
         args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(target),
                                      LOOP_ITEM: ocp.args.JsonRestore()})
@@ -446,5 +462,13 @@ class StateCheckpointer:
         restored = got[STATE_ITEM]
         if set(restored) != set(keyed):
             raise CheckpointError(f"{where}: train-state leaves differ from this run's")
-        state = jax.tree_util.tree_unflatten(treedef, [restored[k] for k in keyed])
+        # A numpy target does not pin the shape: check it (a different model otherwise loads).
+        bad = [k for k in loose if np.shape(restored[k]) != tuple(keyed[k].shape)]
+        if bad:
+            raise CheckpointError(f"{where}: cannot restore the train state into this "
+                                  f"model/optimizer (leaf {bad[0]} has shape "
+                                  f"{np.shape(restored[bad[0]])}, this run's "
+                                  f"{tuple(keyed[bad[0]].shape)})")
+        state = jax.tree_util.tree_unflatten(
+            treedef, [jnp.asarray(restored[k]) if k in loose else restored[k] for k in keyed])
         return state, dict(got[LOOP_ITEM]), step

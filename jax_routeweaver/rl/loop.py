@@ -5,6 +5,10 @@ One step (DESIGN.md "One RL step"): query batch -> curriculum plan (forced/free 
 -> one update -> policy checkpoint (every step) and full train state (every N) -> publish the
 weights to the sampler as policy version = step and check it took. Metrics go to
 ``metrics.jsonl`` and TensorBoard; the run ends with plots and a summary table.
+
+``rollout.dialect: router_r1`` runs Router-R1 in the same loop (`router_r1_run`): its
+episodes and reward, no curriculum, GRPO grouped by query; its cost window is saved with the
+full train state.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from flax import nnx
 from rich.console import Console
 
 from jax_routeweaver.config import dump_config, to_dict
-from jax_routeweaver.data.pipeline import PipelineConfig, QueryPipeline
+from jax_routeweaver.data.pipeline import PipelineConfig, QueryBatch, QueryPipeline
 from jax_routeweaver.data.records import ReadStats, Record, read_records
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import load_hf
@@ -33,7 +37,13 @@ from jax_routeweaver.models.tokenizer import (
 )
 from jax_routeweaver.rewards.reward import RewardConfig, score_batch
 from jax_routeweaver.rl import curriculum
-from jax_routeweaver.rl.batch import compute_advantages, mode_mask, pack_rollouts
+from jax_routeweaver.rl import router_r1_run as r1run
+from jax_routeweaver.rl.batch import (
+    check_query_groups,
+    compute_advantages,
+    mode_mask,
+    pack_rollouts,
+)
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, restore_policy
 from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
 from jax_routeweaver.rl.run_log import Progress, RunLogger, plot_run, read_metrics, summary_table
@@ -67,12 +77,15 @@ class SyncError(RuntimeError):
 # ------------------------------------------------------------------------------ building
 def build_tokenizer(cfg: TrainConfig, records: list[Record], pool: Any) -> Any:
     """"qwen3": the real Qwen3 tokenizer (built offline); "qwen3-pruned": the same BPE pruned
-    to the tokens of this run's text (`routing_corpus`); otherwise a tokenizer directory."""
+    to the tokens of this run's text (`routing_corpus`, or Router-R1's); otherwise a
+    tokenizer directory."""
     if cfg.model.tokenizer == "qwen3":
         return build_qwen3_tokenizer()
     if cfg.model.tokenizer == "qwen3-pruned":
-        return prune_tokenizer(build_qwen3_tokenizer(),
-                               routing_corpus(records, pool, cfg.rollout.protocol))
+        corpus = r1run.routing_corpus(cfg, records, pool) \
+            if cfg.rollout.dialect == "router_r1" \
+            else routing_corpus(records, pool, cfg.rollout.protocol)
+        return prune_tokenizer(build_qwen3_tokenizer(), corpus)
     return load_tokenizer(cfg.model.tokenizer)
 
 
@@ -98,7 +111,8 @@ def routing_corpus(records: list[Record], pool: Any, protocol: Any) -> list[str]
 
 def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
     """The initial policy, born sharded on `mesh` (see `ModelSection`). A random model takes
-    vocab_size (rounded up to 128) and the eos/pad/bos ids from the tokenizer unless given."""
+    vocab_size (rounded up to 128) and the eos/pad/bos ids from the tokenizer unless given;
+    ``init: hf`` loads the Hugging Face checkpoint directory in ``model.path``."""
     m = cfg.model
     runtime = dict(scan_layers=m.scan_layers, remat=m.remat, logprob_chunk=m.logprob_chunk)
     if m.init == "random":
@@ -108,6 +122,12 @@ def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
         mc = ModelConfig(**{**fields, "param_dtype": m.param_dtype, "dtype": m.dtype,
                             **runtime})
         return create_sharded(lambda: Qwen3(mc, rngs=nnx.Rngs(cfg.seed)), mesh)
+    if m.init == "hf":
+        path = Path(m.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model.path: {path} is not a Hugging Face checkpoint "
+                                    "directory (no config.json)")
+        return load_hf(path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype, **runtime)
     path = Path(m.init)
     if (path / "config.json").is_file():
         return load_hf(path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype, **runtime)
@@ -119,7 +139,8 @@ def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
 def build_records(cfg: TrainConfig, console: Console) -> list[Record]:
     d = cfg.data
     if d.source == "synthetic":
-        return synthetic_tasks(d.synthetic_queries, seed=d.synthetic_seed)
+        return synthetic_tasks(d.synthetic_queries, seed=d.synthetic_seed,
+                               levels=d.synthetic_levels)
     stats = ReadStats()
     records = read_records(d.source, bad_rows=d.bad_rows, stats=stats)
     if stats.skipped:
@@ -147,10 +168,15 @@ def c_ref(cfg: TrainConfig) -> float:
         return load_cost_ref(text)
 
 
-def env_config(cfg: TrainConfig, eos_id: int) -> EnvConfig:
+def stop_ids(eos: int | tuple[int, ...]) -> tuple[int, ...]:
+    """The model's EOS as stop token ids (HF configs may list several, e.g. Llama 3)."""
+    return tuple(eos) if isinstance(eos, tuple | list) else (eos,)
+
+
+def env_config(cfg: TrainConfig, eos_id: int | tuple[int, ...]) -> EnvConfig:
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                              max_new_tokens=r.max_new_tokens, stop_token_ids=(eos_id,))
+                              max_new_tokens=r.max_new_tokens, stop_token_ids=stop_ids(eos_id))
     return EnvConfig(protocol=r.protocol, sampling=sampling, constrained=r.constrained,
                      answer_choices=r.answer_choices, execution_feedback=r.execution_feedback)
 
@@ -169,7 +195,10 @@ class _Run:
         self.cfg, self.console = cfg, console
         self.out = Path(cfg.out_dir)
         self.records = build_records(cfg, console)
+        self.router_r1 = cfg.rollout.dialect == "router_r1"
         self.pool = build_pool(cfg, self.records)
+        if self.router_r1:
+            self.pool = r1run.router_r1_pool(self.pool)
         self.tokenizer = build_tokenizer(cfg, self.records, self.pool)
         self.mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
         model = build_policy(cfg, self.mesh, self.tokenizer)
@@ -200,8 +229,18 @@ class _Run:
                                temperature=cfg.rollout.temperature, mesh=self.mesh,
                                seed=cfg.seed)
         del model  # the sampler and the trainer hold their own copies
-        self.make_env = routeweaver_envs(self.tokenizer, self.pool,
-                                         env_config(cfg, self.eos_id))
+        # Router-R1: one cost window for the whole run, saved with the full train state.
+        self.r1_scorer: r1run.RouterR1Scorer | None = None
+        if self.router_r1:
+            workers = r1run.model_workers(cfg, self.pool)
+            self.make_env = r1run.env_factory(cfg, self.tokenizer, workers,
+                                              stop_ids(self.eos_id))
+            self.r1_scorer = r1run.RouterR1Scorer(
+                cfg.reward.router_r1, workers,
+                lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=False))
+        else:
+            self.make_env = routeweaver_envs(self.tokenizer, self.pool,
+                                             env_config(cfg, self.eos_id))
         self.reward_cfg = RewardConfig(alpha=cfg.reward.alpha, c_ref=c_ref(cfg),
                                        code_scorer=cfg.reward.code_scorer)
         self.declarations = mode_declarations(self.tokenizer)
@@ -223,6 +262,11 @@ class _Run:
         self.policy_ckpt.delete_after(step)
         self.trainer.state = state
         self.iterator.set_state(loop["data"])
+        if self.r1_scorer is not None:
+            if r1run.WINDOW_KEY not in loop:
+                raise ValueError(f"{self.state_ckpt.dir / str(step)}: the saved loop state has "
+                                 "no Router-R1 cost window (not a router_r1 run?)")
+            self.r1_scorer.load_state_dict(loop[r1run.WINDOW_KEY])
         self.step = step
         self.publish(step)
         return True
@@ -233,23 +277,24 @@ class _Run:
         times: dict[str, float] = {}
         t0 = time.perf_counter()
         batch = next(self.iterator)
-        ids = [r.sample_id for r in batch.records]
-        baked = [r.forced_mode for r in batch.records]
-        plans = curriculum.plan_batch(
-            ids, batch.index, cfg.algo.exploration, group_size=batch.group_size,
-            forced_modes=baked if all(m in curriculum.MODES for m in baked) else None)
-        by_query = {p.sample_id: p for p in plans}
-        records = [r.replace(forced_mode=by_query[r.sample_id].forced_mode)
-                   for r in batch.records]
+        records = self.plan(batch)
         if cfg.deterministic:
             self.sampler.reseed(cfg.seed * 1_000_003 + step)
         stats = EpisodeStats()
+        # Router-R1 costs calls with its own price table (in its reward), not RouteWeaver's.
         trajs = run_episodes(records, self.sampler, self.pool, self.make_env,
-                             repeats=batch.group_size, prices=REFERENCE_PRICES, stats=stats)
+                             repeats=batch.group_size,
+                             prices=None if self.router_r1 else REFERENCE_PRICES, stats=stats)
         times["time/rollout_s"] = time.perf_counter() - t0
 
         t = time.perf_counter()
-        rewards = score_batch(trajs, self.reward_cfg, workers=cfg.reward.score_workers)
+        # GRPO groups are consecutive rows: each must be one query (Router-R1's uid pitfall).
+        check_query_groups(trajs, batch.group_size)
+        r1_details = None
+        if self.r1_scorer is not None:
+            rewards, r1_details = self.r1_scorer.score(trajs)
+        else:
+            rewards = score_batch(trajs, self.reward_cfg, workers=cfg.reward.score_workers)
         times["time/reward_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -258,7 +303,9 @@ class _Run:
         estimator = cfg.algo.estimator
         adv = compute_advantages(packed, estimator, alpha=cfg.reward.alpha)
         mmask = mode_mask(packed, estimator)
-        rho = curriculum.forced_ratio(batch.index, cfg.algo.exploration)
+        # Router-R1 has no forced arm (check_train_config keeps its curriculum off).
+        rho = 0.0 if self.router_r1 else curriculum.forced_ratio(batch.index,
+                                                                 cfg.algo.exploration)
         support = None
         if cfg.algo.support and cfg.algo.exploration.support_lambda0 * rho > 0:
             selector = [prompts.selector_prompt_ids(self.tokenizer, r.question)
@@ -279,22 +326,42 @@ class _Run:
         self.step = step
         self.policy_ckpt.save(self.trainer.model(), step, tokenizer_dir=self.tokenizer_dir)
         if step % cfg.checkpoint.full_every == 0 or step == cfg.steps:
-            self.state_ckpt.save(step, self.trainer.state,
-                                 {"step": step, "data": self.iterator.get_state()})
+            loop: dict[str, Any] = {"step": step, "data": self.iterator.get_state()}
+            if self.r1_scorer is not None:
+                loop[r1run.WINDOW_KEY] = self.r1_scorer.state_dict()
+            self.state_ckpt.save(step, self.trainer.state, loop)
         self.publish(step)
         times["time/checkpoint_s"] = time.perf_counter() - t
         times["time/step_s"] = time.perf_counter() - t0
         times["time/sampler_s"] = stats.sampler_s
         times["time/workers_s"] = stats.workers_s
 
-        metrics = rollout_metrics(trajs, rewards, group_size=batch.group_size)
+        metrics = rollout_metrics(trajs, rewards, group_size=batch.group_size,
+                                  router_r1=r1_details)
         metrics |= advantage_metrics(adv, forced=packed.forced, clean=packed.clean,
-                                     response_mask=packed.response_mask, mode_token_mask=mmask)
+                                     response_mask=packed.response_mask, mode_token_mask=mmask,
+                                     with_modes=not self.router_r1)
         metrics |= train_metrics | times
-        metrics |= {"curriculum/rho": rho, "curriculum/batch_index": float(batch.index),
+        # Router-R1 has no curriculum, so no ρ to log (0 would read as "annealed").
+        metrics |= {} if self.router_r1 else {"curriculum/rho": rho}
+        metrics |= {"curriculum/batch_index": float(batch.index),
                     "policy/version": float(self.sampler.policy_version),
                     "episode/rounds": float(stats.rounds)}
         return metrics
+
+    def plan(self, batch: QueryBatch) -> list[Record]:
+        """The batch's records as its episodes run them: with the curriculum's forced modes
+        (RouteWeaver), or as they are (Router-R1 has no modes)."""
+        if self.router_r1:
+            return list(batch.records)
+        ids = [r.sample_id for r in batch.records]
+        baked = [r.forced_mode for r in batch.records]
+        plans = curriculum.plan_batch(
+            ids, batch.index, self.cfg.algo.exploration, group_size=batch.group_size,
+            forced_modes=baked if all(m in curriculum.MODES for m in baked) else None)
+        by_query = {p.sample_id: p for p in plans}
+        return [r.replace(forced_mode=by_query[r.sample_id].forced_mode)
+                for r in batch.records]
 
     def publish(self, version: int) -> None:
         """Hand the new weights to the sampler as policy version `version` and verify."""

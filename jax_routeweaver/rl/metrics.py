@@ -13,6 +13,9 @@ Conventions:
   `window_mean` tolerate missing keys). Exceptions are stated per metric.
 - Group statistics follow the estimator (§6.3): over clean members only, Bessel std, and a
   group is zero-variance when its clean rewards are all equal (or it has ≤ 1 clean member).
+- Router-R1 rows (`rollout_metrics(..., router_r1=...)`) have no mode: every mode, curriculum
+  and mode-segment key is left out (a Router-R1 row would otherwise count as an ``invalid``
+  mode), violations are its format violations, and ``r1/*`` keys are added.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jax_routeweaver.rewards.reward import FAILURE_KINDS, Rewards
+from jax_routeweaver.rewards.router_r1_reward import RouterR1Reward
 from jax_routeweaver.routing.episode import Trajectory
 
 if TYPE_CHECKING:  # the numeric core imports jax; metrics only read its arrays
@@ -68,23 +72,28 @@ def _zero_variance(clean_rewards: Sequence[float]) -> bool:
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
-                    group_size: int) -> dict[str, float]:
+                    group_size: int, router_r1: Sequence[RouterR1Reward] | None = None
+                    ) -> dict[str, float]:
     """Metrics of one rollout batch.
 
     `trajs` / `rewards` align row by row, in query-major order: rows ``[g·K, (g+1)·K)`` are the
     `group_size` = K rollouts of query g. Rates are fractions of all rows unless named
     otherwise; ``*_by_domain/{DOMAIN}`` keys use the `Domain` value (``MATH``, ...). See the
-    module doc for the conventions (mode labels, free rows, missing keys). Raises ValueError on
-    misaligned inputs or a row count that is not a multiple of `group_size`.
+    module doc for the conventions (mode labels, free rows, missing keys). `router_r1`: the
+    Router-R1 reward details of the same rows, for a Router-R1 batch (no mode keys; see
+    `router_r1_metrics`). Raises ValueError on misaligned inputs or a row count that is not a
+    multiple of `group_size`.
     """
     n = len(trajs)
-    if len(rewards) != n:
-        raise ValueError(f"{n} trajectories but {len(rewards)} rewards")
+    if len(rewards) != n or (router_r1 is not None and len(router_r1) != n):
+        raise ValueError(f"{n} trajectories but {len(rewards)} rewards"
+                         + ("" if router_r1 is None else f" and {len(router_r1)} Router-R1 rows"))
     if group_size < 1 or n % group_size:
         raise ValueError(f"{n} rows do not split into groups of {group_size}")
     if n == 0:
         return {}
     out: dict[str, float] = {}
+    with_modes = router_r1 is None
     modes = [mode_label(t) for t in trajs]
     domains = [str(t.record.domain) for t in trajs]
     free = [not t.forced for t in trajs]
@@ -100,19 +109,47 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
     # --- rewards and accuracy
     out["reward/mean"] = _mean(r_task)
     _put(out, "reward/mean_clean", _mean(r_task[i] for i in rows if rewards[i].clean))
-    out["reward/eff_mean"] = _mean(float(r.r_eff) for r in rewards)
     by_mode = by(lambda i: modes[i])
-    for mode, idx in sorted(by_mode.items()):
-        out[f"reward/by_mode/{mode}"] = _mean(r_task[i] for i in idx)
     by_domain = by(lambda i: domains[i])
+    if with_modes:
+        out["reward/eff_mean"] = _mean(float(r.r_eff) for r in rewards)
+        for mode, idx in sorted(by_mode.items()):
+            out[f"reward/by_mode/{mode}"] = _mean(r_task[i] for i in idx)
     for domain, idx in sorted(by_domain.items()):
         out[f"reward/by_domain/{domain}"] = _mean(r_task[i] for i in idx)
-    for (domain, mode), idx in sorted(by(lambda i: (domains[i], modes[i])).items()):
-        out[f"reward/by_domain_mode/{domain}/{mode}"] = _mean(r_task[i] for i in idx)
+    if with_modes:
+        for (domain, mode), idx in sorted(by(lambda i: (domains[i], modes[i])).items()):
+            out[f"reward/by_domain_mode/{domain}/{mode}"] = _mean(r_task[i] for i in idx)
     out["accuracy/mean"] = _mean(float(r.correct) for r in rewards)
     for domain, idx in sorted(by_domain.items()):
         out[f"accuracy/by_domain/{domain}"] = _mean(float(rewards[i].correct) for i in idx)
+    for domain, idx in sorted(by_domain.items()):
+        out[f"rows/by_domain/{domain}"] = float(len(idx))
+    out.update(_group_metrics(modes, free, r_task, [r.clean for r in rewards], group_size,
+                              with_modes=with_modes))
+    if with_modes:
+        out.update(_mode_metrics(trajs, modes, free, by_domain))
+    out.update(_failure_metrics(trajs, rewards))
+    out.update(_episode_metrics(trajs))
+    out["cost/usd_mean"] = _mean(float(r.cost_usd) for r in rewards)
+    if with_modes:
+        for mode, idx in sorted(by_mode.items()):
+            out[f"cost/usd_by_mode/{mode}"] = _mean(float(rewards[i].cost_usd) for i in idx)
+        out.update(_violation_metrics([[t.violation] if t.violation is not None else []
+                                       for t in trajs]))
+    else:
+        assert router_r1 is not None
+        out.update(_violation_metrics([list(r.violations) for r in router_r1]))
+        out.update(router_r1_metrics(trajs, router_r1))
+    return out
 
+
+def _mode_metrics(trajs: Sequence[Trajectory], modes: list[str], free: list[bool],
+                  by_domain: Mapping[str, list[int]]) -> dict[str, float]:
+    """``mode/*``, ``curriculum/forced_share`` and the mode-span length (RouteWeaver rows)."""
+    out: dict[str, float] = {}
+    n = len(trajs)
+    rows = range(n)
     # --- mode choice (free rows are the policy's own choices)
     for mode, share in _shares(modes).items():
         out[f"mode/share/{mode}"] = share
@@ -129,24 +166,38 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
                 for mode, share in _shares(labels).items():
                     out[f"mode/share_by_domain/{domain}/{mode}"] = share
     out["curriculum/forced_share"] = 1.0 - len(free_rows) / n
-    for domain, idx in sorted(by_domain.items()):
-        out[f"rows/by_domain/{domain}"] = float(len(idx))
+    _put(out, "episode/mode_span_tokens_mean",
+         _mean(trajs[i].mode_span_end for i in free_rows
+               if modes[i] != INVALID and trajs[i].mode_span_end is not None))
+    return out
 
-    out.update(_group_metrics(modes, free, r_task, [r.clean for r in rewards], group_size))
 
-    # --- violations, failures, infra
-    violations = Counter(t.violation for t in trajs if t.violation is not None)
-    for code, count in sorted(violations.items()):
-        out[f"violation/{code}"] = count / n
-    out["violation/rate"] = sum(violations.values()) / n
+def _violation_metrics(codes: Sequence[Sequence[str]]) -> dict[str, float]:
+    """``violation/{code}``: share of rows with that code; ``violation/rate``: share of rows
+    with any (a Router-R1 row may fail several format checks at once)."""
+    n = len(codes)
+    counts = Counter(c for row in codes for c in set(row))
+    out = {f"violation/{code}": count / n for code, count in sorted(counts.items())}
+    out["violation/rate"] = sum(bool(row) for row in codes) / n
+    return out
+
+
+def _failure_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards]
+                     ) -> dict[str, float]:
+    out: dict[str, float] = {}
+    n = len(trajs)
     kinds = Counter(r.failure_kind for r in rewards)
     for kind in sorted(set(FAILURE_KINDS) | set(kinds)):
         out[f"failure_kind/{kind}"] = kinds[kind] / n
     out["infra/failed_rate"] = _mean(float(r.infra or t.infra_failed)
                                      for t, r in zip(trajs, rewards, strict=True))
     out["infra/dirty_rate"] = _mean(float(not r.clean) for r in rewards)
+    return out
 
-    # --- episode shape
+
+def _episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    n = len(trajs)
     policy_tokens = [sum(t.policy_mask) for t in trajs]
     out["episode/worker_calls_mean"] = _mean(len(t.calls) for t in trajs)
     out["episode/failed_worker_calls_mean"] = _mean(
@@ -156,23 +207,47 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
     out["episode/env_tokens_mean"] = _mean(len(t.response_ids) - p
                                            for t, p in zip(trajs, policy_tokens, strict=True))
     out["episode/response_tokens_max"] = float(max(len(t.response_ids) for t in trajs))
-    _put(out, "episode/mode_span_tokens_mean",
-         _mean(trajs[i].mode_span_end for i in free_rows
-               if modes[i] != INVALID and trajs[i].mode_span_end is not None))
     finishes = Counter(t.finish or "none" for t in trajs)
     for reason, count in sorted(finishes.items()):
         out[f"finish/{reason}"] = count / n
-
-    # --- cost
-    out["cost/usd_mean"] = _mean(float(r.cost_usd) for r in rewards)
-    for mode, idx in sorted(by_mode.items()):
-        out[f"cost/usd_by_mode/{mode}"] = _mean(float(rewards[i].cost_usd) for i in idx)
     return out
 
 
+# Router-R1 env notices that mean the turn's action was not routed (invalid action, a name
+# that did not resolve, a model the pool does not serve).
+R1_UNROUTED_NOTICES = frozenset({"no_action", "placeholder", "no_colon", "empty_query",
+                                 "unknown_model", "model_not_served"})
+
+
+def router_r1_metrics(trajs: Sequence[Trajectory], details: Sequence[RouterR1Reward]
+                      ) -> dict[str, float]:
+    """``r1/*`` means over the rows: ``em``, ``f1``, ``format_score`` (0 or −1),
+    ``format_ok_rate``, ``cost_raw`` (micro-dollars, §2.4), ``cost_score`` (the window's C),
+    ``routes`` (§3.6 route count), ``calls`` (worker calls per episode), ``answered_rate``,
+    ``unrouted_turns`` (turns whose action was not routed, per episode)."""
+    if len(trajs) != len(details):
+        raise ValueError(f"{len(trajs)} trajectories but {len(details)} Router-R1 rows")
+    if not trajs:
+        return {}
+    return {
+        "r1/em": _mean(r.em for r in details),
+        "r1/f1": _mean(r.f1 for r in details),
+        "r1/format_score": _mean(r.format_score for r in details),
+        "r1/format_ok_rate": _mean(float(not r.violations) for r in details),
+        "r1/cost_raw": _mean(r.raw_cost for r in details),
+        "r1/cost_score": _mean(r.cost_score for r in details),
+        "r1/routes": _mean(float(r.routes) for r in details),
+        "r1/calls": _mean(float(len(t.calls)) for t in trajs),
+        "r1/answered_rate": _mean(float(r.answer is not None) for r in details),
+        "r1/unrouted_turns": _mean(float(sum(n in R1_UNROUTED_NOTICES for n in t.notices))
+                                   for t in trajs),
+    }
+
+
 def _group_metrics(modes: list[str], free: list[bool], r_task: list[float], clean: list[bool],
-                   k: int) -> dict[str, float]:
-    """`groups/*` and `routing/mode_selection_signal` over consecutive groups of `k` rows."""
+                   k: int, *, with_modes: bool = True) -> dict[str, float]:
+    """`groups/*` and `routing/mode_selection_signal` over consecutive groups of `k` rows
+    (without the mode keys when `with_modes` is False)."""
     out: dict[str, float] = {}
     zero_var: list[bool] = []
     stds: list[float] = []
@@ -196,6 +271,8 @@ def _group_metrics(modes: list[str], free: list[bool], r_task: list[float], clea
             signal.append(len(clean_modes) >= 2 and not flat)
     out["groups/zero_variance_ratio"] = _mean(float(z) for z in zero_var)
     _put(out, "groups/reward_std_mean", _mean(stds))
+    if not with_modes:
+        return out
     _put(out, "groups/unique_modes_mean", _mean(unique_modes))
     _put(out, "groups/all_same_mode_ratio", _mean(float(u == 1) for u in unique_modes))
     out["groups/mixing_forced_free"] = float(mixing)
@@ -204,7 +281,7 @@ def _group_metrics(modes: list[str], free: list[bool], r_task: list[float], clea
 
 
 def advantage_metrics(adv: Advantages, *, forced: Any, clean: Any, response_mask: Any,
-                      mode_token_mask: Any) -> dict[str, float]:
+                      mode_token_mask: Any, with_modes: bool = True) -> dict[str, float]:
     """Advantage and token-segment metrics of one batch (§6.5, §6.6, §6.14 COMET/actor keys).
 
     `adv`: the estimator output (rows [N]); `forced`, `clean` [N] bool; `response_mask`,
@@ -212,6 +289,8 @@ def advantage_metrics(adv: Advantages, *, forced: Any, clean: Any, response_mask
     over free clean rows, ``adv/grpo_abs_mean`` over all clean rows; each is 0 when there is no
     such row. Non-zero means ``|A| > NONZERO_ATOL``. ``tokens/inner`` = response tokens − mode
     tokens; ``tokens/mode_frac`` = mode / response tokens (0 without response tokens).
+    `with_modes=False` (rows without a mode, e.g. Router-R1's): only ``adv/grpo_abs_mean``,
+    ``adv/grpo_nonzero_rate`` and ``tokens/policy`` (response tokens).
     """
     a_mode = np.asarray(adv.a_mode, np.float64)
     a_inner = np.asarray(adv.a_inner, np.float64)
@@ -224,6 +303,10 @@ def advantage_metrics(adv: Advantages, *, forced: Any, clean: Any, response_mask
 
     n_mode = float(np.asarray(mode_token_mask, np.float64).sum())
     n_response = float(np.asarray(response_mask, np.float64).sum())
+    if not with_modes:
+        return {"adv/grpo_abs_mean": masked_mean(np.abs(a_grpo), clean_rows),
+                "adv/grpo_nonzero_rate": masked_mean(np.abs(a_grpo) > NONZERO_ATOL, clean_rows),
+                "tokens/policy": n_response}
     return {
         "adv/mode_abs_mean": masked_mean(np.abs(a_mode), free_clean),
         "adv/inner_abs_mean": masked_mean(np.abs(a_inner), free_clean),

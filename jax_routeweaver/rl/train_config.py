@@ -10,24 +10,28 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from jax_routeweaver.config import ConfigError, load_config
-from jax_routeweaver.rl.curriculum import ExplorationConfig
+from jax_routeweaver.rl.curriculum import ExplorationConfig, forced_ratio
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig
+from jax_routeweaver.routing import router_r1 as r1
 from jax_routeweaver.routing.grammar import ProtocolConfig
+from jax_routeweaver.routing.router_r1_env import max_action_bytes
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     """The router. ``init``: "random" (architecture from ``random``: ``ModelConfig``
-    fields; vocab_size and eos/pad/bos ids default to the tokenizer's), a Hugging Face
-    checkpoint directory, or an orbax policy checkpoint directory. ``tokenizer``: "qwen3"
-    (the real Qwen3 tokenizer, built offline), "qwen3-pruned" (the same BPE restricted to
-    the tokens of this run's prompts and worker replies) or a tokenizer directory."""
+    fields; vocab_size and eos/pad/bos ids default to the tokenizer's), "hf" (the Hugging
+    Face checkpoint directory in ``path``), a Hugging Face checkpoint directory, or an orbax
+    policy checkpoint directory. ``tokenizer``: "qwen3" (the real Qwen3 tokenizer, built
+    offline), "qwen3-pruned" (the same BPE restricted to the tokens of this run's prompts
+    and worker replies) or a tokenizer directory."""
 
     init: str = "random"
+    path: str = ""
     random: dict[str, Any] = dataclasses.field(default_factory=dict)
     tokenizer: str = "qwen3"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -49,12 +53,14 @@ class MeshSection:
 @dataclasses.dataclass(frozen=True)
 class DataSection:
     """Queries. ``source``: "synthetic" (``synthetic_tasks`` for the five domains) or a
-    ``.jsonl``/``.parquet`` file of records. ``quotas``: per-batch domain counts (sum =
-    ``batch_size``; empty = plain sequential batches). ``group_size``: K rollouts."""
+    ``.jsonl``/``.parquet`` file of records. ``synthetic_levels``: the difficulty cycle of
+    synthetic tasks. ``quotas``: per-batch domain counts (sum = ``batch_size``; empty =
+    plain sequential batches). ``group_size``: K rollouts."""
 
     source: str = "synthetic"
     synthetic_queries: int = 3200
     synthetic_seed: int = 0
+    synthetic_levels: tuple[Literal["easy", "medium", "hard"], ...] = ("easy", "medium", "hard")
     batch_size: int = 32
     group_size: int = 8
     quotas: dict[str, int] = dataclasses.field(default_factory=lambda: {
@@ -66,12 +72,36 @@ class DataSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class RouterR1Section:
+    """Router-R1 episodes (``rollout.dialect: router_r1``; ``RouterR1Config``, reference
+    §1.3). The per-turn cap, temperature and top-p are ``rollout.max_new_tokens``,
+    ``rollout.temperature`` and ``rollout.top_p``. ``models``: Router-R1 model name -> pool
+    worker id; empty = the six prompt models onto worker_1..6 in prompt order (Qwen2.5-7B,
+    LLaMA-3.1-8B, LLaMA-3.1-70B, Mistral-7B, Mixtral-8x22B, Gemma-2-27B), the mapping used
+    with the simulated pool. ``question_query`` (with ``rollout.constrained``): a search's
+    query is the question verbatim, so a tiny router's calls reach the simulated workers."""
+
+    max_turns: int = 4
+    start_max_tokens: int = 2048
+    context_max_tokens: int = 4096
+    trajectory_max_tokens: int = 4096
+    obs_max_tokens: int = 600
+    prompt_variant: Literal["qwen", "llama"] = "qwen"
+    worker_max_tokens: int = 512
+    models: dict[str, str] = dataclasses.field(default_factory=dict)
+    question_query: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutSection:
     """Router decoding (§7.2: T 0.8, top-p 0.95, top-k off) and episode options.
-    ``constrained``: grammar-constrained actions; ``answer_choices``: with constraints, an
-    answer must be one of the candidate answers the workers returned (lets a tiny router
-    act; off for real models). ``protocol``: ``ProtocolConfig`` fields."""
+    ``dialect``: "routeweaver" (mode selection, ``protocol``) or "router_r1" (Router-R1's
+    multi-round dialect, ``router_r1``; ``protocol`` and ``execution_feedback`` then play no
+    part). ``constrained``: grammar-constrained actions; ``answer_choices``: with
+    constraints, an answer must be one of the candidate answers the workers returned (lets
+    a tiny router act; off for real models). ``protocol``: ``ProtocolConfig`` fields."""
 
+    dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
     sampler: Literal["jax"] = "jax"
     temperature: float = 0.8
     top_p: float = 0.95
@@ -81,6 +111,7 @@ class RolloutSection:
     answer_choices: bool = False
     execution_feedback: bool = True
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
+    router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,21 +127,39 @@ class WorkersSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class RouterR1RewardSection:
+    """Router-R1's hierarchical reward (reference §3): format gate, then ``metric`` ("em"
+    as in the official scripts, or "f1") against the gold answers, then ``cost_coe`` (α,
+    the paper's 0-0.9) times the normalised cost C, for correct answers only. C comes from
+    one sliding window of ``window_size`` sqrt-costs owned by the run and saved with the
+    full train state (§3.5; upstream's window is global and never checkpointed)."""
+
+    metric: Literal["em", "f1"] = "em"
+    cost_coe: float = 0.0
+    window_size: int = 1000
+
+
+@dataclasses.dataclass(frozen=True)
 class RewardSection:
     """``alpha`` > 0 needs ``algo.estimator: comet_gdpo``. ``c_ref``: USD (number) or a
-    ``cost_ref.json`` path (``routeweaver calibrate-cost``); "" = the reference C_ref."""
+    ``cost_ref.json`` path (``routeweaver calibrate-cost``); "" = the reference C_ref.
+    ``router_r1``: the reward of ``rollout.dialect: router_r1`` (the others then play no
+    part)."""
 
     alpha: float = 0.0
     c_ref: str = ""
     code_scorer: Literal["union", "final"] = "union"
     score_workers: int = 4
+    router_r1: RouterR1RewardSection = dataclasses.field(default_factory=RouterR1RewardSection)
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgoSection:
     """Estimator and curriculum. ``support`` turns the minimum-support loss on (weight
     ``exploration.support_lambda0 · ρ_b``, floor ``exploration.support_floor``);
-    ``mode_score_span`` which declaration tokens it scores."""
+    ``mode_score_span`` which declaration tokens it scores. ``rollout.dialect: router_r1``
+    needs grpo_gated, the global reduction, no support loss and no forced arm (it has no mode
+    tokens); PPO with a critic (Router-R1's own recipe) is not implemented."""
 
     estimator: Literal["grpo_gated", "comet_grpo", "comet_gdpo"] = "comet_grpo"
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
@@ -189,6 +238,83 @@ def check_train_config(cfg: TrainConfig, source: str = "<config>") -> None:
                  "owns the support schedule λ_b = λ0·ρ_b; the loss takes it from there)")
     if cfg.model.init != "random" and cfg.model.random:
         fail("model.random", "only used with model.init: random")
+    if cfg.model.init == "hf" and not cfg.model.path.strip():
+        fail("model.path", "model.init: hf needs the Hugging Face checkpoint directory")
+    if cfg.model.init != "hf" and cfg.model.path:
+        fail("model.path", "only used with model.init: hf")
+    if cfg.rollout.dialect == "router_r1":
+        _check_router_r1(cfg, fail)
+    else:
+        for key, section, default in (
+                ("rollout.router_r1", cfg.rollout.router_r1, RouterR1Section()),
+                ("reward.router_r1", cfg.reward.router_r1, RouterR1RewardSection())):
+            if section != default:
+                fail(key, "only used with rollout.dialect: router_r1")
+
+
+def router_r1_config(cfg: TrainConfig) -> r1.RouterR1Config:
+    """The `RouterR1Config` of a router_r1 run (ValueError on a bad field)."""
+    s, r = cfg.rollout.router_r1, cfg.rollout
+    return r1.RouterR1Config(
+        max_turns=s.max_turns, start_max_tokens=s.start_max_tokens,
+        context_max_tokens=s.context_max_tokens, trajectory_max_tokens=s.trajectory_max_tokens,
+        per_turn_max_tokens=r.max_new_tokens, obs_max_tokens=s.obs_max_tokens,
+        train_temperature=r.temperature, train_top_p=r.top_p, prompt_variant=s.prompt_variant,
+        worker_max_tokens=s.worker_max_tokens)
+
+
+def router_r1_model_names(cfg: TrainConfig) -> list[str]:
+    """The Router-R1 models the router may call: `rollout.router_r1.models`' keys, or the six
+    prompt models when it is empty."""
+    return list(cfg.rollout.router_r1.models) or [m.name for m in r1.PROMPT_MODELS]
+
+
+def _check_router_r1(cfg: TrainConfig, fail: Callable[[str, str], None]) -> None:
+    """Router-R1 has no mode tokens: its advantage is GRPO grouped by query with the global
+    token-mean, and every mode-specific option is an error rather than silently ignored."""
+    algo = cfg.algo
+    if algo.estimator != "grpo_gated":
+        fail("algo.estimator", f"{algo.estimator!r} splits advantages at the mode tokens, "
+             "which rollout.dialect: router_r1 does not have; use grpo_gated (GRPO grouped by "
+             "query). PPO with a critic (Router-R1's GAE recipe) is not implemented")
+    if algo.support:
+        fail("algo.support", "the minimum-support loss scores mode declarations, which "
+             "rollout.dialect: router_r1 does not have; set algo.support: false")
+    if algo.loss.reduction != "global":
+        fail("algo.loss.reduction", f"{algo.loss.reduction!r} normalises mode and inner "
+             "segments apart; rollout.dialect: router_r1 has no mode segment: use global")
+    if forced_ratio(0, algo.exploration) > 0:
+        fail("algo.exploration.forced_start_batch", "the forced-mode curriculum injects mode "
+             "declarations, which rollout.dialect: router_r1 does not have; set "
+             "algo.exploration.forced_start_batch: -1 and forced_anneal_steps: 1 (never "
+             "forced)")
+    if cfg.reward.alpha > 0:
+        fail("reward.alpha", "the cost trade-off of rollout.dialect: router_r1 is "
+             "reward.router_r1.cost_coe")
+    rr = cfg.reward.router_r1
+    if not 0.0 <= rr.cost_coe <= 1.0:
+        fail("reward.router_r1.cost_coe", f"must be in [0, 1], got {rr.cost_coe}")
+    if rr.window_size < 1:
+        fail("reward.router_r1.window_size", f"must be >= 1, got {rr.window_size}")
+    try:
+        router_r1_config(cfg)
+    except ValueError as e:
+        fail("rollout.router_r1", str(e))
+    by_name = {m.name: m for m in r1.ALL_MODELS}
+    for name in cfg.rollout.router_r1.models:
+        if name not in by_name:
+            fail("rollout.router_r1.models", f"{name!r} is not a Router-R1 model; known: "
+                 f"{sorted(by_name)}")
+        if by_name[name].price_per_million is None:
+            fail("rollout.router_r1.models", f"{name!r} has no Router-R1 price, so its calls "
+                 "cannot be costed")
+    if cfg.rollout.router_r1.question_query and not cfg.rollout.constrained:
+        fail("rollout.router_r1.question_query", "needs rollout.constrained: true")
+    if cfg.rollout.constrained:
+        need = max_action_bytes(router_r1_model_names(cfg))
+        if cfg.rollout.max_new_tokens < need:
+            fail("rollout.max_new_tokens", f"{cfg.rollout.max_new_tokens} cannot hold the "
+                 f"longest constrained Router-R1 action ({need} tokens)")
 
 
 def load_train_config(path: str | os.PathLike[str] | None,

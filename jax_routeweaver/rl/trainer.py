@@ -4,10 +4,12 @@ One step (spec §6.7–6.10) on a packed :class:`~jax_routeweaver.rl.batch.Rollo
 
 1. ``ref_logp`` with the frozen reference params, micro-batch by micro-batch. ``old_logp``
    is recomputed by the trainer, not taken from the sampler (whose logprobs only feed the
-   sampler-vs-trainer gap diagnostic): one optimizer step per batch (ppo_epochs 1, one
-   mini-batch, as the reference runs) means old = current params, so ``old_logp`` is the
-   loss pass's own ``stop_gradient(logp)`` — the same numbers as a separate forward, one
-   forward cheaper;
+   sampler-vs-trainer gap diagnostic). With one optimizer step per batch (ppo_epochs 1, one
+   mini-batch, as the reference runs) old = current params, so ``old_logp`` is the loss
+   pass's own ``stop_gradient(logp)`` — the same numbers as a separate forward, one forward
+   cheaper. With ``ppo_mini_batches`` / ``ppo_epochs`` > 1 (verl's ppo_mini_batch_size and
+   ppo_epochs) it is one forward with the pre-update params, and the batch is split into
+   contiguous mini-batches, each one optimizer step with its own token denominators;
 2. per micro-batch, the policy loss parts (PPO dual clip, k3 KL, optional entropy) with
    **mini-batch-global** denominators, so gradients simply add up over micro-batches and one
    micro-batch equals eight (``losses.py`` contract);
@@ -62,8 +64,10 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """Policy objective (§6.7, §6.8). ``micro_batch_size``: rows per micro-batch (0 = the
-    whole mini-batch in one). The support terms are §6.10's (``support_chunk`` rows are
-    scored per forward)."""
+    whole mini-batch in one). ``ppo_mini_batches`` × ``ppo_epochs`` optimizer steps per
+    batch (the reference: 1 × 1). The support terms are §6.10's (``support_chunk`` rows are
+    scored per forward; the support gradient joins every optimizer step, as the reference's
+    hook joins every backward)."""
 
     reduction: str = "segment"
     clip_low: float = 0.2
@@ -75,12 +79,22 @@ class LossConfig:
     support_lambda0: float = 0.002
     support_floor: float = 0.05
     support_chunk: int = 12
+    ppo_mini_batches: int = 1
+    ppo_epochs: int = 1
 
     def __post_init__(self) -> None:
         if self.reduction not in REDUCTIONS:
             raise ValueError(f"loss.reduction={self.reduction!r}: expected one of {REDUCTIONS}")
         if self.micro_batch_size < 0 or self.support_chunk < 1:
             raise ValueError("loss.micro_batch_size must be >= 0 and support_chunk >= 1")
+        if self.ppo_mini_batches < 1 or self.ppo_epochs < 1:
+            raise ValueError(f"loss.ppo_mini_batches={self.ppo_mini_batches} and "
+                             f"loss.ppo_epochs={self.ppo_epochs} must be >= 1")
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per batch."""
+        return self.ppo_mini_batches * self.ppo_epochs
 
 
 class TrainState(NamedTuple):
@@ -154,6 +168,10 @@ class Trainer:
             raise ValueError(f"temperature={temperature} must be > 0")
         self.optim_cfg, self.loss_cfg, self.temperature = optim, loss, temperature
         self.mesh, self.rules = mesh, rules
+        if loss.micro_batch_size % self._shards():
+            # Each micro-batch's rows are sharded over the batch axes.
+            raise ValueError(f"loss.micro_batch_size={loss.micro_batch_size} must be a multiple "
+                             f"of the batch shards (mesh data x fsdp = {self._shards()})")
         self.graphdef, params = nnx.split(model, nnx.Param)
         self.tx = make_optimizer(optim)
         # Copies: the step donates its state, which must never delete the caller's arrays
@@ -186,10 +204,13 @@ class Trainer:
         return rows // mb
 
     def row_multiple(self) -> int:
-        """Rows must be padded to a multiple of this: micro-batch size × batch shards."""
-        shards = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        mb = self.loss_cfg.micro_batch_size
-        return int(np.lcm(mb, shards)) if mb else shards
+        """Rows must be padded to a multiple of this: mini-batches × micro-batch size (itself
+        a multiple of the batch shards; without micro-batching, the shards)."""
+        mb = self.loss_cfg.micro_batch_size or self._shards()
+        return mb * self.loss_cfg.ppo_mini_batches
+
+    def _shards(self) -> int:
+        return 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
     def logprobs(self, params: Any, tokens: np.ndarray, positions: np.ndarray,
                  attention_mask: np.ndarray, index: np.ndarray | None = None) -> jax.Array:
@@ -204,24 +225,47 @@ class Trainer:
     def update(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
                response_mask: np.ndarray, mode_mask: np.ndarray, advantages: np.ndarray,
                clean: np.ndarray, *, index: np.ndarray | None = None,
-               sampler_logp: np.ndarray | None = None, support: SupportBatch | None = None,
-               support_rho: float = 0.0, num_queries: int = 0) -> dict[str, float]:
-        """One optimizer step on host arrays (N a multiple of :meth:`row_multiple`):
-        ``tokens, positions, attention_mask [N, L]``, ``clean [N]``, and the per-token
-        ``response_mask, mode_mask, advantages`` (and ``sampler_logp``) ``[N, L]``, or
-        ``[N, P]`` at ``index [N, P]`` (the policy tokens' positions). ``support``: the
-        batch's declaration rows (:func:`support_batch`) over ``num_queries`` queries,
-        weighted ``λ0 · support_rho``.
-        Returns host metrics (``loss/*``, ``ppo/*``, ``grad/*``, ``logprob/sampler_gap_*``,
-        ``support/*``)."""
-        args, kwargs = self._prepare(
-            tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
-            clean, support, support_rho, num_queries)
-        self.state, metrics, logp = self._update(self.state, *args, **kwargs)
-        out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+               sampler_logp: np.ndarray | None = None, old_logp: np.ndarray | None = None,
+               support: SupportBatch | None = None, support_rho: float = 0.0,
+               num_queries: int = 0) -> dict[str, float]:
+        """``ppo_mini_batches × ppo_epochs`` optimizer steps on host arrays (N a multiple of
+        :meth:`row_multiple`): ``tokens, positions, attention_mask [N, L]``, ``clean [N]``,
+        and the per-token ``response_mask, mode_mask, advantages`` (and ``sampler_logp``,
+        ``old_logp``) ``[N, L]``, or ``[N, P]`` at ``index [N, P]`` (the policy tokens'
+        positions). ``old_logp``: the behaviour logprobs of the ratio (default: the current
+        params', recomputed). ``support``: the batch's declaration rows
+        (:func:`support_batch`) over ``num_queries`` queries, weighted ``λ0 · support_rho``.
+        Returns host metrics (``loss/*``, ``ppo/*``, ``grad/*``, ``support/*`` averaged over
+        the optimizer steps, ``logprob/sampler_gap_*``, ``optim/steps``)."""
+        cfg = self.loss_cfg
+        n = tokens.shape[0]
+        if n % cfg.ppo_mini_batches:
+            raise ValueError(f"{n} rows do not split into {cfg.ppo_mini_batches} mini-batches "
+                             f"(pad them to a multiple of row_multiple()={self.row_multiple()})")
+        if old_logp is None and cfg.optimizer_steps > 1:
+            old_logp = np.asarray(self.logprobs(self.state.params, tokens, positions,
+                                                attention_mask, index))
+        rows = np.arange(n).reshape(cfg.ppo_mini_batches, -1)
+        per_step, trainer_logp = [], None
+        for _ in range(cfg.ppo_epochs):
+            for part in rows:
+                pick = lambda a, part=part: None if a is None else np.asarray(a)[part]
+                args, kwargs = self._prepare(
+                    *(pick(a) for a in (tokens, positions, attention_mask, index,
+                                        response_mask, mode_mask, advantages, clean, old_logp)),
+                    support, support_rho, num_queries)
+                self.state, metrics, logp = self._update(self.state, *args, **kwargs)
+                per_step.append(metrics)
+                if cfg.optimizer_steps == 1:
+                    trainer_logp = np.asarray(logp).reshape(n, -1)
+        per_step = jax.device_get(per_step)
+        out = {k: float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
+        out["optim/steps"] = float(len(per_step))
         if sampler_logp is not None:
-            trainer_logp = np.asarray(logp).reshape(tokens.shape[0], -1)
-            out.update(sampler_gap(sampler_logp, trainer_logp, response_mask))
+            # The sampler ran the pre-update params: compare with the trainer's logprobs of
+            # those (the first step's own pass, or the recomputed/given old_logp).
+            ref = trainer_logp if trainer_logp is not None else np.asarray(old_logp)
+            out.update(sampler_gap(sampler_logp, ref, response_mask))
         return out
 
     def gradients(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
@@ -233,12 +277,12 @@ class Trainer:
         metrics; the state is left unchanged (tests and diagnostics)."""
         args, kwargs = self._prepare(
             tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
-            clean, support, support_rho, num_queries)
+            clean, None, support, support_rho, num_queries)
         grads, metrics, _ = self._grads(self.state.params, *args, **kwargs)
         return grads, metrics
 
     def _prepare(self, tokens, positions, attention_mask, index, response_mask, mode_mask,
-                 advantages, clean, support, support_rho, num_queries):
+                 advantages, clean, old_logp, support, support_rho, num_queries):
         ref_logp = self.logprobs(self.ref_params, tokens, positions, attention_mask, index) \
             if self.loss_cfg.kl_coef > 0 else None
         m = self.micro_batches(tokens.shape[0])
@@ -246,7 +290,7 @@ class Trainer:
         put = lambda a: None if a is None else self._put(a, m)
         batch = StepBatch(*(put(a) for a in (
             tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
-            clean, None, ref_logp)))
+            clean, old_logp, ref_logp)))
         with_support = support is not None and self.loss_cfg.support_lambda0 * support_rho > 0
         args = (batch, counts, support if with_support else None, jnp.float32(support_rho))
         kwargs = dict(with_support=with_support, num_queries=num_queries if with_support else 0)

@@ -505,8 +505,9 @@ FormatViolation = Literal[
     "bad_name"]
 
 
-def _search_flags(content: str) -> tuple[bool, bool]:
-    """(query_format, bad_name) for one stripped `<search>` content (reference §3.4)."""
+def search_flags(content: str) -> tuple[bool, bool]:
+    """(query_format, bad_name) for one stripped `<search>` content (reference §3.4): both
+    False means the format check accepts this search."""
     if content.count(":") != 1:
         return True, False
     model_part, query_part = content.split(":")
@@ -532,7 +533,7 @@ def format_violations(response: str) -> tuple[FormatViolation, ...]:
     counts = dict.fromkeys(TAG_NAMES, 0)
     for tag, content in matches:
         if tag == "search":
-            q, b = _search_flags(content)
+            q, b = search_flags(content)
             query_format, bad_name = query_format or q, bad_name or b
         elif tag == "think" and content in ("", "..."):
             empty_think = True
@@ -573,7 +574,7 @@ def count_routes(response: str) -> int:
     for m in _TAG_RE.finditer(response):
         if m.group(1) != "search":
             continue
-        query_format, bad_name = _search_flags(m.group(2).strip())
+        query_format, bad_name = search_flags(m.group(2).strip())
         if query_format or bad_name:
             break
         count += 1

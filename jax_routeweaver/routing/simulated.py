@@ -628,11 +628,13 @@ def _gen_recall(rng: random.Random, level: str, used: set[str]) -> _Draft:
 
 
 def synthetic_tasks(n: int, *, seed: int,
-                    domains: Sequence[Domain | str] = tuple(Domain)) -> list[Record]:
+                    domains: Sequence[Domain | str] = tuple(Domain),
+                    levels: Sequence[str] = LEVELS) -> list[Record]:
     """`n` deterministic synthetic questions (a SIMULATION data set) in the `Record` format.
 
     Task i has domain `domains[i % len(domains)]` and difficulty
-    `LEVELS[(i // len(domains)) % 3]` (balanced), `sample_id` `sim-<seed>-<i>`, the real
+    `levels[(i // len(domains)) % len(levels)]` (balanced; `levels` a subset of `LEVELS`,
+    a level listed twice is drawn twice as often), `sample_id` `sim-<seed>-<i>`, the real
     scorer named in `SIM_SCORERS` (math: integer gold; apps_functional: call-based tests +
     `func_name`; mc_letter: a letter A-J; bbeh_mini: a name; triviaqa: aliases of a fact
     from a generated fictional fact table), `meta['difficulty']`, and simulator-only data
@@ -648,12 +650,15 @@ def synthetic_tasks(n: int, *, seed: int,
     if not chosen or len(set(chosen)) != len(chosen):
         raise ValueError(f"synthetic_tasks: domains must be non-empty and distinct, "
                          f"got {list(domains)!r}")
+    if not levels or any(level not in LEVELS for level in levels):
+        raise ValueError(f"synthetic_tasks: levels must be non-empty, from {LEVELS}; "
+                         f"got {list(levels)!r}")
     used_names: set[str] = set()
     seen: set[str] = set()
     records = []
     for i in range(n):
         domain = chosen[i % len(chosen)]
-        level = LEVELS[(i // len(chosen)) % len(LEVELS)]
+        level = levels[(i // len(chosen)) % len(levels)]
         rng = random.Random(f"routeweaver-sim:{seed}:{i}")
         for _attempt in range(100):
             if domain is Domain.MATH:
