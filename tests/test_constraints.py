@@ -15,6 +15,7 @@ from jax_routeweaver.sampling.constraints import (
     ChoiceMatcher,
     Grammar,
     GrammarConstraints,
+    allowed_counts,
     unpack_bitmask,
 )
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
@@ -98,6 +99,14 @@ def test_grammar_errors(model, tokenizer, sampler):
                             num_heads=2, num_kv_heads=1, head_dim=32)
         JaxSampler(Qwen3(small, rngs=nnx.Rngs(0)),
                    constraints=GrammarConstraints(tokenizer, 151_936))
+
+
+def test_allowed_counts_match_the_unpacked_mask():
+    rng = np.random.default_rng(1)
+    bitmask = rng.integers(-2**31, 2**31, (4, 5), dtype=np.int64).astype(np.int32)
+    for vocab in (150, 160, 129):
+        expected = np.asarray(unpack_bitmask(jnp.asarray(bitmask), vocab)).sum(1)
+        np.testing.assert_array_equal(allowed_counts(bitmask, vocab), expected)
 
 
 def test_unpack_bitmask_matches_numpy():
@@ -184,6 +193,9 @@ def test_choice_samples_canonical_tokens_uniformly(tokenizer):
                            [Grammar.choice(MODES)] * n)
     canonical = {tuple(tokenizer.encode(m, add_special_tokens=False)): m for m in MODES}
     assert all(tuple(c.token_ids) in canonical for c in out)
+    # Only the mode word's first token is a choice (of 3); every other token is forced.
+    for c in out:
+        assert c.allowed == [1, 1, 1, 3] + [1] * (len(c.token_ids) - 4)
     shares = {m: sum(canonical[tuple(c.token_ids)] == m for c in out) / n for m in MODES}
     assert all(0.25 <= s <= 0.42 for s in shares.values()), shares  # 1/3 +- 2.7 sd
 

@@ -186,6 +186,12 @@ def test_random_router_acts_validly_under_grammar(tok, tasks):
         assert len(t.response_ids) == len(t.policy_mask) == len(t.logprobs)
         if t.mode != "agentic":
             assert t.finish == "answer" and len(t.calls) >= 1
+        # Tokens the grammar forced are not actions: in "<mode>single</mode>" only the mode
+        # word's first token is (the selector is a choice over canonical tokenizations).
+        assert [tok.decode([i]) for i in t.response_ids[:3]] == ["<", "mode", ">"]
+        assert t.policy_mask[:4] == [0, 0, 0, 1]
+        closing = 5 if t.mode == "agentic" else 4  # ag + entic: entic is forced too
+        assert t.policy_mask[4:closing + 3] == [0] * (closing - 1)
 
 
 class CountingPool:

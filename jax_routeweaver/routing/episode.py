@@ -66,9 +66,15 @@ class Trajectory:
     def context_ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids
 
-    def add_policy(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def add_policy(self, ids: Sequence[int], logprobs: Sequence[float],
+                   allowed: Sequence[int] | None = None) -> None:
+        """Router tokens. `allowed` (per token, how many the grammar admitted): a token the
+        grammar forced (1) gets `policy_mask` 0. Under the constraint its probability is 1
+        whatever the parameters, so it is no action: training on it would only push up the
+        raw logit of a token the policy could not avoid."""
         self.response_ids.extend(ids)
-        self.policy_mask.extend([1] * len(ids))
+        self.policy_mask.extend([1] * len(ids) if allowed is None
+                                else [int(a != 1) for a in allowed[:len(ids)]])
         self.logprobs.extend(float(x) for x in logprobs)
 
     def add_env(self, ids: Sequence[int]) -> None:
@@ -186,7 +192,9 @@ async def run_episodes_async(records: Sequence[Record], sampler: Sampler, worker
             traj.turns += 1
             traj.policy_versions.append(completion.policy_version)
             step = env.step(traj, completion)
-            traj.add_policy(completion.token_ids[:step.keep], completion.logprobs[:step.keep])
+            keep = step.keep
+            traj.add_policy(completion.token_ids[:keep], completion.logprobs[:keep],
+                            None if completion.allowed is None else completion.allowed[:keep])
             traj.add_env(step.env_ids)
             if step.calls:
                 pending.append((traj, env, step))

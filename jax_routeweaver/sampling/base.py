@@ -95,6 +95,8 @@ class Completion:
     tokens included when one did); `logprobs[i]` is the log-prob of `token_ids[i]` (see the
     module docstring for which distribution); `stop` is the token id or string that stopped it
     (None for "length"); `policy_version` the sampler's weights version that produced it.
+    `allowed[i]`: how many tokens a grammar admitted at step i (None: unconstrained, or a
+    sampler that does not report it); 1 means the grammar forced `token_ids[i]`.
     """
 
     token_ids: list[int]
@@ -102,11 +104,15 @@ class Completion:
     finish_reason: FinishReason
     stop: int | str | None = None
     policy_version: int = 0
+    allowed: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"Completion: {len(self.token_ids)} token_ids but "
                              f"{len(self.logprobs)} logprobs")
+        if self.allowed is not None and len(self.allowed) != len(self.token_ids):
+            raise ValueError(f"Completion: {len(self.token_ids)} token_ids but "
+                             f"{len(self.allowed)} allowed counts")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"Completion.finish_reason={self.finish_reason!r}: expected one of "
                              f"{FINISH_REASONS}")
@@ -184,4 +190,6 @@ def apply_stop_strings(completion: Completion, decode: Decode,
         return completion
     return dataclasses.replace(completion, token_ids=completion.token_ids[:n],
                                logprobs=completion.logprobs[:n], finish_reason="stop_string",
+                               allowed=None if completion.allowed is None
+                               else completion.allowed[:n],
                                stop=s)

@@ -182,6 +182,17 @@ class GrammarConstraints:
         return out
 
 
+def allowed_counts(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
+    """`[B, W]` int32 bitmask -> `[B]` how many ids below `vocab_size` each row allows."""
+    bits = np.bitwise_count(bitmask.view(np.uint32)).astype(np.int64)
+    full, rest = divmod(vocab_size, 32)
+    count = bits[:, :full].sum(1)
+    if rest:
+        tail = bitmask[:, full].view(np.uint32) & np.uint32((1 << rest) - 1)
+        count += np.bitwise_count(tail)
+    return count
+
+
 def unpack_bitmask(bitmask: jax.Array, vocab_size: int) -> jax.Array:
     """`[B, W]` int32 bitmask -> `[B, vocab_size]` bool (True = allowed)."""
     bits = (bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1

@@ -43,7 +43,12 @@ from jax_routeweaver.sampling.base import (
     apply_stop_strings,
     check_version,
 )
-from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints, unpack_bitmask
+from jax_routeweaver.sampling.constraints import (
+    Grammar,
+    GrammarConstraints,
+    allowed_counts,
+    unpack_bitmask,
+)
 
 DEFAULT_PROMPT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -325,16 +330,21 @@ class JaxSampler:
         if grammars is not None and any(g is not None for g in grammars):
             matchers = [None if g is None else self._constraints.matcher(g, params.stop_token_ids)
                         for g in grammars] + [None] * (batch - n)
-        state, ended = self._run_decode(state, params, key, n, matchers)
+        state, ended, allowed = self._run_decode(state, params, key, n, matchers)
         host = jax.device_get((state.tokens, state.logprobs, state.lengths, state.stopped))
-        return [self._completion(host, i, params, version, ended[i]) for i in range(n)]
+        return [self._completion(host, i, params, version, ended[i],
+                                 None if matchers is None or matchers[i] is None
+                                 else allowed[i])
+                for i in range(n)]
 
     def _run_decode(self, state: DecodeState, params: SamplingParams, key: jax.Array, n: int,
-                    matchers: list | None) -> tuple[DecodeState, np.ndarray]:
+                    matchers: list | None
+                    ) -> tuple[DecodeState, np.ndarray, list[list[int]]]:
         """Run the compiled loop to the end; with stop strings, in chunks with host checks;
         with grammars, one step at a time (the host matchers make each step's mask).
 
-        Returns the final state and which rows ended because their grammar completed."""
+        Returns the final state, which rows ended because their grammar completed, and per
+        row the number of tokens each step's mask allowed (empty lists when unconstrained)."""
         args = self._sample_args(params, key)
         greedy = params.is_greedy
         truncate = "none" if greedy else "top_k" if params.top_k_enabled \
@@ -342,6 +352,7 @@ class JaxSampler:
         total = params.max_new_tokens
         constrained = matchers is not None
         grammar_end = np.zeros(len(state.done), bool)
+        allowed: list[list[int]] = [[] for _ in range(len(state.done))]
         if constrained:
             bitmask = np.empty((len(state.done), self._constraints.words), np.int32)
             chunk = 1
@@ -353,6 +364,9 @@ class JaxSampler:
             if constrained:
                 self._constraints.fill(matchers, bitmask)
                 args = args._replace(allowed=self._put_batch(bitmask))
+                counts = allowed_counts(bitmask, self.config.vocab_size)
+                for row, count in zip(allowed, counts.tolist(), strict=True):
+                    row.append(count)
             state = self._decode(self._params, state, np.int32(limit), args, greedy=greedy,
                                  truncate=truncate, constrained=constrained)
             if limit >= total:
@@ -367,7 +381,7 @@ class JaxSampler:
                 break
             # Same sharding as before, so the next call reuses the compiled loop.
             state = state._replace(done=jax.device_put(done, state.done.sharding))
-        return state, grammar_end
+        return state, grammar_end, allowed
 
     @staticmethod
     def _advance_matchers(state: DecodeState, matchers: list, step: int, done: np.ndarray,
@@ -398,13 +412,15 @@ class JaxSampler:
         return done
 
     def _completion(self, host: tuple[np.ndarray, ...], i: int, params: SamplingParams,
-                    version: int, grammar_end: bool = False) -> Completion:
+                    version: int, grammar_end: bool = False,
+                    allowed: list[int] | None = None) -> Completion:
         tokens, logprobs, lengths, stopped = host
         n = int(lengths[i])
         ids = tokens[i, :n].tolist()
         reason = "stop_token" if stopped[i] else "grammar" if grammar_end else "length"
         completion = Completion(ids, logprobs[i, :n].tolist(), reason,
-                                ids[-1] if stopped[i] else None, version)
+                                ids[-1] if stopped[i] else None, version,
+                                None if allowed is None else allowed[:n])
         if params.stop_strings:
             completion = apply_stop_strings(completion, self._decode_text, params.stop_strings)
         return completion
