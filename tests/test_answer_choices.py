@@ -53,3 +53,15 @@ def test_finite_choices_are_choice_grammars_and_free_text_is_not():
     assert action_grammar(used, OFFERED, g.ProtocolConfig()).choices == ()  # free answer
     fresh = g.RoutingState(mode=g.Mode.MULTI)
     assert action_grammar(fresh, OFFERED, g.ProtocolConfig(), ["7"]).choices == ()  # a route
+
+
+def test_fixed_task_text_replaces_free_text_in_every_route():
+    multi = action_grammar(g.RoutingState(mode=g.Mode.MULTI), OFFERED, g.ProtocolConfig(),
+                           task_text="Solve it.").ebnf
+    assert accepts(multi, '<route model="worker_2">Solve it.</route>')
+    assert not accepts(multi, '<route model="worker_2">Solve that.</route>')
+    agentic = action_grammar(g.RoutingState(mode=g.Mode.AGENTIC), OFFERED, g.ProtocolConfig(),
+                             task_text="Solve it.").ebnf
+    route = '<route model="worker_1" role="planner" refs="">Solve it.</route>'
+    assert accepts(agentic, route)
+    assert not accepts(agentic, route.replace("Solve it.", "Plan."))

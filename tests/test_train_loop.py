@@ -48,6 +48,16 @@ def test_bad_override_value_names_the_key(capsys):
     assert "optim.lr" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ("rollout.task_text=<b>", "without tags"),
+    ("rollout.task_text=' lead'", "not start with a space"),
+])
+def test_bad_task_text_is_a_config_error(override, message, capsys):
+    assert main(["train", "--config", str(QUICKSTART), "--print-config", override]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.task_text" in err and message in err
+
+
 def test_print_config_resolves_overrides(capsys):
     assert main(["train", "--config", str(QUICKSTART), "--print-config", "optim.lr=0.5",
                  "data.group_size=3"]) == 0

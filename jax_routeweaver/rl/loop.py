@@ -178,7 +178,8 @@ def env_config(cfg: TrainConfig, eos_id: int | tuple[int, ...]) -> EnvConfig:
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                               max_new_tokens=r.max_new_tokens, stop_token_ids=stop_ids(eos_id))
     return EnvConfig(protocol=r.protocol, sampling=sampling, constrained=r.constrained,
-                     answer_choices=r.answer_choices, execution_feedback=r.execution_feedback)
+                     answer_choices=r.answer_choices, task_text=r.task_text,
+                     execution_feedback=r.execution_feedback)
 
 
 def mode_declarations(tokenizer: Any) -> list[list[int]]:

@@ -99,7 +99,9 @@ class RolloutSection:
     multi-round dialect, ``router_r1``; ``protocol`` and ``execution_feedback`` then play no
     part). ``constrained``: grammar-constrained actions; ``answer_choices``: with
     constraints, an answer must be one of the candidate answers the workers returned (lets
-    a tiny router act; off for real models). ``protocol``: ``ProtocolConfig`` fields."""
+    a tiny router act; off for real models); ``task_text``: with constraints, every route's
+    task is this fixed text (for the simulated pool, which ignores the wording; "" = free
+    text). ``protocol``: ``ProtocolConfig`` fields."""
 
     dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
     sampler: Literal["jax"] = "jax"
@@ -109,6 +111,7 @@ class RolloutSection:
     max_new_tokens: int = 512
     constrained: bool = False
     answer_choices: bool = False
+    task_text: str = ""
     execution_feedback: bool = True
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
     router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)
@@ -229,6 +232,12 @@ def check_train_config(cfg: TrainConfig, source: str = "<config>") -> None:
         fail("data.group_size", "batch_size and group_size must be >= 1")
     if cfg.rollout.answer_choices and not cfg.rollout.constrained:
         fail("rollout.answer_choices", "needs rollout.constrained: true")
+    task = cfg.rollout.task_text
+    if task and not cfg.rollout.constrained:
+        fail("rollout.task_text", "needs rollout.constrained: true")
+    if task and (task[0].isspace() or len(task) > 48 or any(c in task for c in "<>\n")):
+        fail("rollout.task_text", f"{task!r} must be at most 48 characters without tags or "
+             "newlines and not start with a space (a route's task must pass the protocol)")
     if cfg.checkpoint.full_every < 1 or cfg.checkpoint.keep_policy < 1:
         fail("checkpoint.full_every", "full_every and keep_policy must be >= 1")
     default_loss = LossConfig()

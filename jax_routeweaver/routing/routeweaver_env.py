@@ -43,12 +43,16 @@ class EnvConfig:
     `sandbox` and the verdict is prepended to their observation (§5.6; on, as in the
     reference). `answer_choices` (with `constrained`): the answer must be one of the candidate
     answers extracted from the workers' successful replies so far (free text when none
-    fits), so a tiny router learns *which* reply to trust instead of how to spell it."""
+    fits), so a tiny router learns *which* reply to trust instead of how to spell it.
+    `task_text` (with `constrained`): every route's task is this fixed text instead of free
+    text, for workers that ignore the wording (the simulated pool answers the original
+    question each payload carries), where free text is only noise in the gradient."""
 
     protocol: g.ProtocolConfig = dataclasses.field(default_factory=g.ProtocolConfig)
     sampling: SamplingParams = TRAIN_SAMPLING
     constrained: bool = False
     answer_choices: bool = False
+    task_text: str = ""
     execution_feedback: bool = True
     sandbox: Sandbox | None = None
 
@@ -96,7 +100,8 @@ class RouteWeaverEnv:
         grammar = None
         if self.cfg.constrained:
             choices = answer_candidates(traj.calls) if self.cfg.answer_choices else None
-            grammar = action_grammar(self.state, self.offered, self.pc, choices)
+            grammar = action_grammar(self.state, self.offered, self.pc, choices,
+                                     task_text=self.cfg.task_text)
         return Turn(params, grammar)
 
     def context(self, traj: Trajectory) -> list[int]:
@@ -257,9 +262,11 @@ def answer_candidates(calls: Sequence[WorkerCall], max_chars: int = 32) -> list[
 
 
 def action_grammar(state: g.RoutingState, offered: Sequence[str],
-                   config: g.ProtocolConfig, answers: Sequence[str] | None = None) -> Grammar:
+                   config: g.ProtocolConfig, answers: Sequence[str] | None = None, *,
+                   task_text: str = "") -> Grammar:
     """A grammar admitting only actions the protocol accepts in `state`. `answers`: if
-    non-empty, the answer must be one of them.
+    non-empty, the answer must be one of them. `task_text`: if set, every route's task is
+    exactly this text (else free text).
 
     Selector: one of the three declarations. Finite choices (the selector; an answer that
     must be one of `answers` when nothing else is allowed) are `Grammar.choice`s, matched
@@ -271,6 +278,7 @@ def action_grammar(state: g.RoutingState, offered: Sequence[str],
     """
     if state.mode is None:
         return Grammar.choice([g.declaration_text(m) for m in g.MODES])
+    task = ebnf_literal(task_text) if task_text else _TASK
     workers = " | ".join(f'"{w}"' for w in offered)
     answer = _ANSWER if not answers else \
         '"<answer>" (' + " | ".join(ebnf_literal(a) for a in answers) + ') "</answer>"'
@@ -278,7 +286,7 @@ def action_grammar(state: g.RoutingState, offered: Sequence[str],
         Grammar(f"root ::= {answer}")
     if state.mode != g.Mode.AGENTIC:
         required, limit = config.route_bounds(state.mode)
-        route = f'"<route model=\\"" ({workers}) "\\">" {_TASK} "</route>"'
+        route = f'"<route model=\\"" ({workers}) "\\">" {task} "</route>"'
         if state.calls_used >= limit:
             return answer_only
         options = [route] + ([answer] if state.calls_used >= required else [])
@@ -300,5 +308,5 @@ def action_grammar(state: g.RoutingState, offered: Sequence[str],
         rules.append("ref ::= " + " | ".join(f'"{n}"' for n in nodes))
     for i, (roles, refs) in enumerate(members):
         rules.append(f'm{i} ::= "<route model=\\"" worker "\\" role=\\"" ({roles}) '
-                     f'"\\" refs=\\"" ({refs}) "\\">" {_TASK} "</route>"')
+                     f'"\\" refs=\\"" ({refs}) "\\">" {task} "</route>"')
     return Grammar("\n".join(rules), end_with_stop_token=True)
