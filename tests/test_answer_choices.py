@@ -65,3 +65,41 @@ def test_fixed_task_text_replaces_free_text_in_every_route():
     route = '<route model="worker_1" role="planner" refs="">Solve it.</route>'
     assert accepts(agentic, route)
     assert not accepts(agentic, route.replace("Solve it.", "Plan."))
+
+
+def _nodes(*roles):
+    return tuple(g.Node(f"n{i}", i, "worker_1", "t", role) for i, role in enumerate(roles, 1))
+
+
+FINITE_CASES = [  # (state, answers, expected number of options)
+    (g.RoutingState(mode=g.Mode.SINGLE), ["7"], 2),  # a route to one of two workers
+    (g.RoutingState(mode=g.Mode.SINGLE, nodes=_nodes(None)), ["7", "8"], 2),  # answer only
+    (g.RoutingState(mode=g.Mode.MULTI, nodes=_nodes(None, None)), ["7"], 3),  # route or answer
+    (g.RoutingState(mode=g.Mode.AGENTIC), [], 2 * 2 + 2),  # planner/executor + summarizer
+    # two nodes: planner/executor with refs "", n1, n2, "n1,n2"; verifier and summarizer
+    # with one of the three non-empty ref sets; times two workers
+    (g.RoutingState(mode=g.Mode.AGENTIC, nodes=_nodes(g.Role.PLANNER, g.Role.EXECUTOR)), [],
+     2 * (2 * 4 + 3 + 3)),
+    (g.RoutingState(mode=g.Mode.AGENTIC,
+                    nodes=_nodes(g.Role.EXECUTOR, g.Role.SUMMARIZER)), ["B", "C"], 2),
+]
+
+
+def test_with_fixed_task_text_every_action_is_a_finite_canonical_choice():
+    for state, answers, n in FINITE_CASES:
+        grammar = action_grammar(state, OFFERED, g.ProtocolConfig(), answers,
+                                 task_text="Solve it.")
+        assert len(grammar.choices) == len(set(grammar.choices)) == n, (state, grammar.choices)
+        assert grammar.end_with_stop_token == (state.mode == g.Mode.AGENTIC
+                                               and not state.summarizer_done)
+        for option in grammar.choices:  # every option is an action the protocol accepts
+            decision = g.handle_action_turn(option, state, OFFERED, g.ProtocolConfig()).decision
+            assert isinstance(decision, g.Dispatch | g.AnswerAccepted), (option, decision)
+            assert accepts(grammar.ebnf, option)
+
+
+def test_fixed_task_text_with_a_free_answer_due_stays_a_text_grammar():
+    used = g.RoutingState(mode=g.Mode.SINGLE, nodes=_nodes(None))
+    grammar = action_grammar(used, OFFERED, g.ProtocolConfig(), [], task_text="Solve it.")
+    assert grammar.choices == ()
+    assert accepts(grammar.ebnf, "<answer>anything</answer>")

@@ -277,3 +277,35 @@ def test_sandbox_harness_failure_is_recorded_as_infra_notice(tok, code_tasks):
                   config=EnvConfig(sandbox=BrokenSandbox()))
     assert any(n.startswith("exec_sandbox_error") for n in t.notices), t.notices
     assert "[execution]" not in tok.decode(t.response_ids)
+
+
+def test_compact_rulebook_and_fixed_task_make_each_route_one_decision(tok, tasks):
+    """With `task_text` a route is a canonical choice: in single/multi the worker's digit is
+    the only free token of a route turn (everything else is forced, so not trained on), and
+    `rulebook="compact"` frames the mode in a few lines."""
+    cfg = ModelConfig(vocab_size=151_936, hidden_size=32, intermediate_size=64, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=32)
+    sampler = JaxSampler(Qwen3(cfg, rngs=nnx.Rngs(1)), decode=tok.decode, pad_id=151643,
+                         constraints=GrammarConstraints(tok, cfg.vocab_size))
+    pool = SimulatedWorkerPool(tasks, seed=0)
+    config = EnvConfig(sampling=SamplingParams(temperature=1.0, max_new_tokens=96, seed=2),
+                       constrained=True, answer_choices=True, task_text="Solve the question.",
+                       rulebook="compact")
+    trajs = run_episodes(tasks, sampler, pool, routeweaver_envs(tok, pool, config), repeats=3)
+    assert all(t.violation is None and t.finish == "answer" for t in trajs)
+    assert {"single", "multi"} & {t.mode for t in trajs}
+    for t in trajs:
+        text = tok.decode(t.response_ids)
+        assert f"Your mode is {t.mode}. Workers: worker_1, worker_2" in text
+        assert "## Allowed model IDs" not in text  # not the reference rulebook
+        assert all(c.prompt.count("Solve the question.") == 1 for c in t.calls)
+        if t.mode == "agentic":
+            continue
+        free = [tok.decode([i]) for i, m in zip(t.response_ids[t.mode_span_end:],
+                                                t.policy_mask[t.mode_span_end:], strict=True)
+                if m]
+        # one digit per call, in order; the only other decisions are route-vs-answer (multi,
+        # once an answer is allowed) and which candidate answer
+        rest = iter(free)
+        assert all(c.worker[-1] in rest for c in t.calls), (free, t.calls)
+        assert len(free) <= 2 * len(t.calls) + 1, free

@@ -29,6 +29,7 @@ from jax_routeweaver.routing.prompts import (
     catalog_block,
     catalog_entries,
     check_payload,
+    compact_rulebook,
     mode_rulebook,
     render_user_turn_ids,
     role_payload,
@@ -128,6 +129,23 @@ def test_rulebook_frame_catalog_and_no_leaks(mode: Mode, config: ProtocolConfig)
         assert f"{worker}: {description}" in body
     assert not LEAKS.search(text), LEAKS.search(text)
     assert "Question:" not in body
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("mode", MODES)
+def test_compact_rulebook_states_mode_ids_format_and_bounds(mode: Mode, config: ProtocolConfig,
+                                                            qwen3) -> None:
+    text = compact_rulebook(mode, WORKERS, config)
+    assert text.startswith(f"Your mode is {mode}. Workers: {', '.join(w for w, _ in WORKERS)}.")
+    assert text.endswith(RULEBOOK_CLOSING) and "<answer>...</answer>" in text
+    assert "<mode" not in text and not LEAKS.search(text)
+    if mode == Mode.AGENTIC:
+        assert f"At most {config.max_workers} calls" in text and 'role="ROLE"' in text
+    else:
+        low, high = config.route_bounds(mode)
+        assert ("1 call:" if high == 1 else f"{low} to {high} calls, one per turn:") in text
+    compact, full = (len(qwen3.encode(t)) for t in (text, mode_rulebook(mode, WORKERS, config)))
+    assert compact < 120 and 5 * compact < full, (compact, full)
 
 
 def test_catalog_block_exact_and_from_pool() -> None:

@@ -53,7 +53,7 @@ from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.episode import EpisodeStats, run_episodes
 from jax_routeweaver.routing.pricing import C_REF_USD, REFERENCE_PRICES, load_cost_ref
-from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
+from jax_routeweaver.routing.routeweaver_env import NO_CANDIDATE_ANSWER, EnvConfig, routeweaver_envs
 from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
 from jax_routeweaver.routing.workers import HttpWorkerPool, load_channels
 from jax_routeweaver.sampling.base import SamplingParams
@@ -84,7 +84,8 @@ def build_tokenizer(cfg: TrainConfig, records: list[Record], pool: Any) -> Any:
     if cfg.model.tokenizer == "qwen3-pruned":
         corpus = r1run.routing_corpus(cfg, records, pool) \
             if cfg.rollout.dialect == "router_r1" \
-            else routing_corpus(records, pool, cfg.rollout.protocol)
+            else routing_corpus(records, pool, cfg.rollout.protocol, cfg.rollout.task_text,
+                                cfg.rollout.rulebook)
         return prune_tokenizer(build_qwen3_tokenizer(), corpus)
     return load_tokenizer(cfg.model.tokenizer)
 
@@ -92,15 +93,18 @@ def build_tokenizer(cfg: TrainConfig, records: list[Record], pool: Any) -> Any:
 CORPUS_REPLIES = 200  # queries whose simulated worker replies join the pruning corpus
 
 
-def routing_corpus(records: list[Record], pool: Any, protocol: Any) -> list[str]:
+def routing_corpus(records: list[Record], pool: Any, protocol: Any,
+                   task_text: str = "", rulebook: str = "reference") -> list[str]:
     """The text a RouteWeaver run tokenizes: selector prompts, the three rulebooks, action
-    tags, and worker replies to single/multi payloads of the first queries (the environment
-    frames the rest from the same pieces)."""
+    tags (with the fixed `task_text`, if any), and worker replies to single/multi payloads of
+    the first queries (the environment frames the rest from the same pieces)."""
     catalog = prompts.catalog_entries(pool)
     texts = [prompts.selector_prompt(r.question) for r in records]
-    texts += [prompts.mode_rulebook(m, catalog, protocol) for m in g.MODES]
+    rules = prompts.compact_rulebook if rulebook == "compact" else prompts.mode_rulebook
+    texts += [rules(m, catalog, protocol) for m in g.MODES]
     texts += [g.declaration_text(m) for m in g.MODES]
-    texts += [f'<route model="{w}" role="{r}" refs="n1,n2">t</route><answer>a</answer>'
+    texts += [f'<route model="{w}" role="{r}" refs="n1,n2">{task_text or "t"}</route>'
+              f'<answer>{NO_CANDIDATE_ANSWER}</answer>'
               for w, _ in catalog for r in ("planner", "executor", "verifier", "summarizer")]
     if isinstance(pool, SimulatedWorkerPool):
         for record in records[:CORPUS_REPLIES]:
@@ -179,7 +183,7 @@ def env_config(cfg: TrainConfig, eos_id: int | tuple[int, ...]) -> EnvConfig:
                               max_new_tokens=r.max_new_tokens, stop_token_ids=stop_ids(eos_id))
     return EnvConfig(protocol=r.protocol, sampling=sampling, constrained=r.constrained,
                      answer_choices=r.answer_choices, task_text=r.task_text,
-                     execution_feedback=r.execution_feedback)
+                     rulebook=r.rulebook, execution_feedback=r.execution_feedback)
 
 
 def mode_declarations(tokenizer: Any) -> list[list[int]]:

@@ -101,7 +101,8 @@ class RolloutSection:
     constraints, an answer must be one of the candidate answers the workers returned (lets
     a tiny router act; off for real models); ``task_text``: with constraints, every route's
     task is this fixed text (for the simulated pool, which ignores the wording; "" = free
-    text). ``protocol``: ``ProtocolConfig`` fields."""
+    text). ``rulebook``: "reference" or "compact" (a few lines instead of 600-900 tokens, for
+    tiny random-init routers). ``protocol``: ``ProtocolConfig`` fields."""
 
     dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
     sampler: Literal["jax"] = "jax"
@@ -112,6 +113,7 @@ class RolloutSection:
     constrained: bool = False
     answer_choices: bool = False
     task_text: str = ""
+    rulebook: Literal["reference", "compact"] = "reference"
     execution_feedback: bool = True
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
     router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)

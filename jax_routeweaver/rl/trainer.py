@@ -245,14 +245,16 @@ class Trainer:
         if old_logp is None and cfg.optimizer_steps > 1:
             old_logp = np.asarray(self.logprobs(self.state.params, tokens, positions,
                                                 attention_mask, index))
+        # The frozen reference's logprobs: one pass per batch, whatever the optimizer steps.
+        ref_logp = self._ref_logprobs(tokens, positions, attention_mask, index)
         rows = np.arange(n).reshape(cfg.ppo_mini_batches, -1)
         per_step, trainer_logp = [], None
         for _ in range(cfg.ppo_epochs):
             for part in rows:
                 pick = lambda a, part=part: None if a is None else np.asarray(a)[part]
                 args, kwargs = self._prepare(
-                    *(pick(a) for a in (tokens, positions, attention_mask, index,
-                                        response_mask, mode_mask, advantages, clean, old_logp)),
+                    *(pick(a) for a in (tokens, positions, attention_mask, index, response_mask,
+                                        mode_mask, advantages, clean, old_logp, ref_logp)),
                     support, support_rho, num_queries)
                 self.state, metrics, logp = self._update(self.state, *args, **kwargs)
                 per_step.append(metrics)
@@ -277,14 +279,20 @@ class Trainer:
         metrics; the state is left unchanged (tests and diagnostics)."""
         args, kwargs = self._prepare(
             tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
-            clean, None, support, support_rho, num_queries)
+            clean, None, self._ref_logprobs(tokens, positions, attention_mask, index),
+            support, support_rho, num_queries)
         grads, metrics, _ = self._grads(self.state.params, *args, **kwargs)
         return grads, metrics
 
+    def _ref_logprobs(self, tokens, positions, attention_mask, index) -> np.ndarray | None:
+        """The reference policy's logprobs for the KL term (None when ``kl_coef`` is 0)."""
+        if self.loss_cfg.kl_coef <= 0:
+            return None
+        return np.asarray(self.logprobs(self.ref_params, tokens, positions, attention_mask,
+                                        index))
+
     def _prepare(self, tokens, positions, attention_mask, index, response_mask, mode_mask,
-                 advantages, clean, old_logp, support, support_rho, num_queries):
-        ref_logp = self.logprobs(self.ref_params, tokens, positions, attention_mask, index) \
-            if self.loss_cfg.kl_coef > 0 else None
+                 advantages, clean, old_logp, ref_logp, support, support_rho, num_queries):
         m = self.micro_batches(tokens.shape[0])
         counts = losses.segment_counts(jnp.asarray(response_mask), jnp.asarray(mode_mask))
         put = lambda a: None if a is None else self._put(a, m)

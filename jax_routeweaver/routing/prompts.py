@@ -304,6 +304,26 @@ def mode_rulebook(mode: Mode, workers: Sequence[WorkerEntry],
     return text
 
 
+def compact_rulebook(mode: Mode, workers: Sequence[WorkerEntry],
+                     config: ProtocolConfig | None = None) -> str:
+    """A short turn-2 rulebook (tens of tokens instead of 600-900): the mode, the allowed ids,
+    the action format and the call bounds, no catalog descriptions or examples. For tiny
+    random-init routers (the CPU quickstart), which cannot read the reference rulebook and
+    whose step time it dominates; the protocol enforced is the same."""
+    config = config or ProtocolConfig()
+    mode = Mode(mode)
+    if mode == Mode.AGENTIC:
+        how = (f"At most {config.max_workers} calls, in layers: {AGENTIC_ROUTE_TEMPLATE} with "
+               "ROLE planner, executor, verifier or summarizer; a summarizer last, then "
+               "<answer>...</answer>.")
+    else:
+        low, high = config.route_bounds(mode)
+        calls = f"{low} call" if low == high == 1 else f"{low} to {high} calls, one per turn"
+        how = f"{calls}: {ROUTE_TEMPLATE}, then <answer>...</answer>."
+    ids = ", ".join(worker for worker, _ in workers)
+    return f"Your mode is {mode}. Workers: {ids}.\n{how}\n{RULEBOOK_CLOSING}"
+
+
 def routing_state_header(state: RoutingState, config: ProtocolConfig | None = None) -> str:
     """The six-line routing state shown before every agentic action turn (§3.2)."""
     config = config or ProtocolConfig()

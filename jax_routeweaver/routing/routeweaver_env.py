@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.rewards.feedback import aexecution_verdict
@@ -29,6 +30,9 @@ from jax_routeweaver.sampling.constraints import Grammar, ebnf_literal
 TRAIN_SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, top_k=-1, max_new_tokens=512)
 EVAL_SAMPLING = SamplingParams(greedy=True, max_new_tokens=512)
 
+# The answer when `answer_choices` is on and no worker reply yields a candidate.
+NO_CANDIDATE_ANSWER = "none"
+
 # Task and answer text: no tags or newlines, and a non-space first character (an empty task or
 # answer would be a violation); bounded so a whole action fits a turn's token cap.
 _TASK = r'[^<>\n ] [^<>\n]{0,47}'
@@ -42,17 +46,21 @@ class EnvConfig:
     `execution_feedback`: agentic executors' code (CODE rows) or python (MATH rows) runs in
     `sandbox` and the verdict is prepended to their observation (§5.6; on, as in the
     reference). `answer_choices` (with `constrained`): the answer must be one of the candidate
-    answers extracted from the workers' successful replies so far (free text when none
-    fits), so a tiny router learns *which* reply to trust instead of how to spell it.
+    answers extracted from the workers' successful replies so far (`NO_CANDIDATE_ANSWER`
+    when none fits, e.g. programs: CODE is graded on the workers' programs too), so a tiny
+    router learns *which* reply to trust instead of how to spell it.
     `task_text` (with `constrained`): every route's task is this fixed text instead of free
     text, for workers that ignore the wording (the simulated pool answers the original
-    question each payload carries), where free text is only noise in the gradient."""
+    question each payload carries), where free text is only noise in the gradient.
+    `rulebook`: "reference" (`prompts.mode_rulebook`) or "compact" (`prompts.compact_rulebook`,
+    for tiny routers that cannot read the reference one)."""
 
     protocol: g.ProtocolConfig = dataclasses.field(default_factory=g.ProtocolConfig)
     sampling: SamplingParams = TRAIN_SAMPLING
     constrained: bool = False
     answer_choices: bool = False
     task_text: str = ""
+    rulebook: Literal["reference", "compact"] = "reference"
     execution_feedback: bool = True
     sandbox: Sandbox | None = None
 
@@ -99,7 +107,8 @@ class RouteWeaverEnv:
                                   min(self.cfg.sampling.max_new_tokens, room))
         grammar = None
         if self.cfg.constrained:
-            choices = answer_candidates(traj.calls) if self.cfg.answer_choices else None
+            choices = (answer_candidates(traj.calls) or [NO_CANDIDATE_ANSWER]) \
+                if self.cfg.answer_choices else None
             grammar = action_grammar(self.state, self.offered, self.pc, choices,
                                      task_text=self.cfg.task_text)
         return Turn(params, grammar)
@@ -180,8 +189,10 @@ class RouteWeaverEnv:
         """The rulebook user turn (if it fits the window), then the first header."""
         mode = self.state.mode
         if mode not in self._rulebooks:
-            self._rulebooks[mode] = self._encode(g.chat_delta(
-                prompts.mode_rulebook(mode, self.workers, self.pc)))
+            text = prompts.compact_rulebook(mode, self.workers, self.pc) \
+                if self.cfg.rulebook == "compact" else \
+                prompts.mode_rulebook(mode, self.workers, self.pc)
+            self._rulebooks[mode] = self._encode(g.chat_delta(text))
         rulebook = self._rulebooks[mode]
         if len(traj.response_ids) + used + len(rulebook) >= self.pc.response_length:
             self.state = g.record_notice(self.state, g.Notice.RULES_BUDGET_EXHAUSTED)
@@ -274,10 +285,16 @@ def action_grammar(state: g.RoutingState, offered: Sequence[str],
     calls remain, an answer once enough calls were made. agentic: one route per layer (so no
     duplicate or crowded layer), refs only to completed nodes, a verifier always and a
     summarizer (after the first node) with refs, the last slot for the summarizer, then only
-    the answer; the layer message ends with the stop token.
+    the answer; the layer message ends with the stop token. With `task_text` every action is
+    one of finitely many strings (unless a free-text answer is due), so the whole action is a
+    `Grammar.choice`: a decision per branching token, the rest forced (`_finite_actions`).
     """
     if state.mode is None:
         return Grammar.choice([g.declaration_text(m) for m in g.MODES])
+    if task_text:
+        finite = _finite_actions(state, offered, config, answers or (), task_text)
+        if finite is not None:
+            return finite
     task = ebnf_literal(task_text) if task_text else _TASK
     workers = " | ".join(f'"{w}"' for w in offered)
     answer = _ANSWER if not answers else \
@@ -310,3 +327,39 @@ def action_grammar(state: g.RoutingState, offered: Sequence[str],
         rules.append(f'm{i} ::= "<route model=\\"" worker "\\" role=\\"" ({roles}) '
                      f'"\\" refs=\\"" ({refs}) "\\">" {task} "</route>"')
     return Grammar("\n".join(rules), end_with_stop_token=True)
+
+
+def _finite_actions(state: g.RoutingState, offered: Sequence[str], config: g.ProtocolConfig,
+                    answers: Sequence[str], task_text: str) -> Grammar | None:
+    """The action turn as a `Grammar.choice` over every admissible action string, or None
+    when a free-text answer is admissible (no candidate answers). Same language as the text
+    grammar of `action_grammar`, except that agentic refs are distinct and in completion order
+    (a repeated or reordered ref list only repeats or reorders the same outputs): under a
+    text grammar a token-level policy spreads one action over many tokenizations
+    (`w`+`orker`, `wor`+`ker`, ...) and learns each separately; canonically it is one choice
+    per branching token (worker, role, refs, route vs answer)."""
+    answer_allowed = state.mode == g.Mode.AGENTIC and state.summarizer_done
+    if state.mode != g.Mode.AGENTIC:
+        required, limit = config.route_bounds(state.mode)
+        answer_allowed = state.calls_used >= required
+        routes = [] if state.calls_used >= limit else \
+            [f'<route model="{w}">{task_text}</route>' for w in offered]
+    if answer_allowed and not answers:
+        return None
+    finals = [g.answer_text(a) for a in answers] if answer_allowed else []
+    if state.mode != g.Mode.AGENTIC:
+        return Grammar.choice(routes + finals)
+    if state.summarizer_done:
+        return Grammar.choice(finals)
+    nodes = state.completed_ids
+    ref_sets = [",".join(c) for k in range(1, min(4, len(nodes)) + 1)
+                for c in itertools.combinations(nodes, k)]
+    members: list[tuple[str, list[str]]] = []
+    if state.calls_remaining(config) > 1:
+        members += [(role, ["", *ref_sets]) for role in ("planner", "executor")]
+        if nodes:
+            members.append(("verifier", ref_sets))
+    members.append(("summarizer", ref_sets if nodes else [""]))
+    return Grammar.choice([f'<route model="{w}" role="{role}" refs="{refs}">{task_text}</route>'
+                           for role, ref_options in members for w in offered
+                           for refs in ref_options], end_with_stop_token=True)
