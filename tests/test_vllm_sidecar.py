@@ -12,11 +12,16 @@ import importlib.util
 import threading
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from jax_routeweaver.models.hf import load_hf
+from jax_routeweaver.models.hf import hf_tensors, load_hf
+from jax_routeweaver.models.qwen3 import token_logprobs
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
@@ -26,6 +31,7 @@ from jax_routeweaver.sampling.vllm_sidecar import (
     VllmServer,
     VllmSidecarSampler,
 )
+from jax_routeweaver.sampling.vllm_worker_ext import checksums
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -87,23 +93,69 @@ def _check_parity(sampler, tokenizer, path):
         np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-3)
 
 
-def test_greedy_parity_untied_then_tied_after_update(setup):
+def _new_weights(path, seed):
+    """The model at `path` with every parameter moved (a stand-in for a training step, large
+    enough that stale weights cannot pass for new ones)."""
+    model = load_hf(path)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    leaves = [a + 0.05 * jax.random.normal(k, a.shape, a.dtype) for a, k in zip(leaves, keys,
+                                                                              strict=True)]
+    return nnx.merge(graphdef, jax.tree.unflatten(tree, leaves), rest)
+
+
+def _expected(model, tokenizer):
+    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog, twice.")
+    tokens = jnp.asarray([ids])
+    logp = token_logprobs(model, tokens, jnp.arange(len(ids))[None], jnp.ones_like(tokens, bool))
+    return checksums(hf_tensors(model)), (ids, np.asarray(logp[0, 1:]))
+
+
+def _sync_in_place(sampler, tokenizer, path, ckpt_dir, version):
+    """Sync a new policy step in place; the sidecar then samples exactly like JaxSampler on
+    the new weights. A stale step is detected by verification."""
+    model = _new_weights(path, seed=version)
+    with PolicyCheckpointer(ckpt_dir) as ckpt:
+        step_dir = ckpt.save(model, version)
+        stale_dir = ckpt.save(_new_weights(path, seed=100 + version), version + 1)
+    expected, probe = _expected(model, tokenizer)
+    timings = sampler.sync_policy_step(step_dir, version, expected=expected, probe=probe)
+    assert sampler.policy_version == version and sampler.served_version() == str(version)
+    assert timings["sync/attempts"] == 1 and timings["sync/tensors"] > 0
+    prompts = _prompts(tokenizer)
+    greedy = SamplingParams(greedy=True, max_new_tokens=12, stop_token_ids=(EOS,))
+    ours = JaxSampler(model, decode=tokenizer.decode, pad_id=PAD).generate(prompts, greedy)
+    theirs = sampler.generate(prompts, greedy)
+    assert [c.token_ids for c in theirs] == [c.token_ids for c in ours]
+    assert all(c.policy_version == version for c in theirs)
+    # The step on disk is not what the trainer holds: checksums disagree, retried, then fatal.
+    with pytest.raises(SidecarError, match=r"failed 2 time\(s\).*differ from the trainer"):
+        sampler.sync_policy_step(stale_dir, version + 1, expected=expected, probe=probe)
+    assert sampler.policy_version == version  # a failed sync never reports the new version
+    return model
+
+
+def test_greedy_parity_and_in_place_sync_untied_then_tied(setup, tmp_path):
     tokenizer, dirs, server, sampler = setup
     _check_parity(sampler, tokenizer, dirs[False])
-    sampler.update_weights(dirs[True], 1)
-    assert sampler.policy_version == 1 and server.config.model == str(dirs[True])
+    _sync_in_place(sampler, tokenizer, dirs[False], tmp_path / "untied", 1)
+    # Serving a tied model (restart fallback), then syncing it in place: the tied head must
+    # follow the embedding (vLLM's stock in-place reload gets this wrong).
+    sampler.update_weights(dirs[True], 3)
+    assert sampler.policy_version == 3 and server.config.model == str(dirs[True])
     _check_parity(sampler, tokenizer, dirs[True])
-    for c in sampler.generate(_prompts(tokenizer)[:1], SamplingParams(greedy=True,
-                                                                      max_new_tokens=3)):
-        assert c.policy_version == 1
+    starts = server.starts
+    _sync_in_place(sampler, tokenizer, dirs[True], tmp_path / "tied", 4)
+    assert server.starts == starts  # in place: no restart
     with pytest.raises(ValueError, match="strictly increase"):
-        sampler.update_weights(dirs[False], 1)
+        sampler.update_weights(dirs[False], 4)
+    sampler.update_weights(dirs[True], 5)  # later tests: the server serves dirs[True] as is
 
 
 def test_grammar_parity_and_trailing_stop_token(setup):
-    tokenizer, dirs, _, sampler = setup
-    path = dirs[True] if sampler.policy_version else dirs[False]
-    jax_sampler = _jax(path, tokenizer)
+    tokenizer, _, server, sampler = setup
+    jax_sampler = _jax(server.config.model, tokenizer)
     prompts = _prompts(tokenizer)
     grammar = Grammar('root ::= "<answer>" [a-z]{1,6} "</answer>"')
     params = SamplingParams(greedy=True, max_new_tokens=24, stop_token_ids=(EOS,))

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,11 +209,19 @@ def load_hf(path: str | Path, *, mesh: Mesh | None = None, rules: Rules = TRAIN_
 def hf_tensors(model: Qwen3, *, untie: bool = False,
                dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, host array) for every tensor of `model`, in TENSOR_MAP order."""
-    cfg = model.config
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    return hf_arrays(lambda path: _to_host(flat[path][...]), model.config, untie=untie,
+                     dtype=dtype)
+
+
+def hf_arrays(param: Callable[[tuple[str, ...]], np.ndarray], cfg: ModelConfig, *,
+              untie: bool = False, dtype: str | None = None
+              ) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, array) for every tensor, in TENSOR_MAP order, from `param(path)`: the host
+    array of our parameter at `path` (e.g. read from an orbax policy step)."""
     cast = np.dtype(jnp.dtype(dtype)) if dtype else None
     for rule in active_rules(cfg):
-        host = _to_host(flat[rule.path][...])
+        host = param(rule.path)
         if cast is not None:
             host = host.astype(cast)
         if rule.per_layer:
@@ -222,7 +230,7 @@ def hf_tensors(model: Qwen3, *, untie: bool = False,
         else:
             yield rule.hf, rule.to_hf(host)
     if untie and cfg.tie_word_embeddings:
-        embed = _to_host(flat[("embed",)][...])
+        embed = param(("embed",))
         yield _TIED_HEAD, (embed.astype(cast) if cast is not None else embed).copy()
 
 

@@ -16,7 +16,6 @@ authoritative for restoring; `hf_config` is there for exporters and inference si
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,53 +29,21 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import CheckpointError, tokenizer_files
+from jax_routeweaver.models.policy_step import (
+    CONFIG_ITEM,
+    PARAMS_ITEM,
+    config_from_json,
+    config_to_json,
+    first_line,
+)
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, param_specs
 
-FORMAT_VERSION = 1
-PARAMS_ITEM = "params"
-CONFIG_ITEM = "model_config"
 TOKENIZER_DIR = "tokenizer"
 # Runtime options a restore may change; architecture fields come from the checkpoint only.
 RUNTIME_OPTIONS = ("compute_dtype", "scan_layers", "remat", "logprob_chunk")
 # Spelled out (it is orbax's default) because `step_dir` builds the same names.
 STEP_FORMAT = ocp.step.standard_name_format()
-
-
-# ------------------------------------------------------------------------------ config JSON
-def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
-    """The `model_config` item stored with every step."""
-    return {"format": FORMAT_VERSION, "model_config": dataclasses.asdict(cfg),
-            "hf_config": cfg.to_hf()}
-
-
-def config_from_json(meta: Any, where: str) -> ModelConfig:
-    """Inverse of `config_to_json`; CheckpointError naming `where` if it is not one."""
-    if not isinstance(meta, dict) or not isinstance(meta.get("model_config"), dict):
-        raise CheckpointError(f"{where}: not a policy model_config (no 'model_config' object)")
-    if meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{where}: format {meta.get('format')!r} is not supported "
-                              f"(expected {FORMAT_VERSION})")
-    fields = dict(meta["model_config"])
-    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(ModelConfig)})
-    if unknown:
-        raise CheckpointError(f"{where}: unknown model_config field(s) {unknown}")
-    try:
-        # JSON turned ModelConfig's tuples (rope_scaling pairs, eos ids) into lists.
-        return ModelConfig(**{k: _tuples(v) for k, v in fields.items()})
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: corrupt model_config ({_first_line(e)})") from e
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def _first_line(e: BaseException, limit: int = 300) -> str:
-    """A short, one-line version of an exception (orbax messages can run to pages)."""
-    lines = str(e).strip().splitlines()
-    line = lines[0] if lines else type(e).__name__
-    return line if len(line) <= limit else line[:limit] + " ..."
 
 
 # ------------------------------------------------------------------------------ tokenizer
@@ -239,9 +206,9 @@ class PolicyCheckpointer:
         try:
             meta = self._manager.restore(step, args=args)[CONFIG_ITEM]
         except (KeyError, FileNotFoundError) as e:
-            raise CheckpointError(f"{where}: missing ({_first_line(e)})") from e
+            raise CheckpointError(f"{where}: missing ({first_line(e)})") from e
         except ValueError as e:  # includes json.JSONDecodeError
-            raise CheckpointError(f"{where}: corrupt ({_first_line(e)})") from e
+            raise CheckpointError(f"{where}: corrupt ({first_line(e)})") from e
         return config_from_json(meta, where)
 
     def restore(self, step: int | None = None, *, mesh: Mesh | None = None,
@@ -267,10 +234,10 @@ class PolicyCheckpointer:
         try:
             restored = self._manager.restore(step, args=args)[PARAMS_ITEM]
         except (KeyError, FileNotFoundError) as e:
-            raise CheckpointError(f"{where}: missing ({_first_line(e)})") from e
+            raise CheckpointError(f"{where}: missing ({first_line(e)})") from e
         except ValueError as e:
             raise CheckpointError(f"{where}: does not match its model_config "
-                                  f"({_first_line(e)})") from e
+                                  f"({first_line(e)})") from e
         nnx.replace_by_pure_dict(params, restored)
         return nnx.merge(graphdef, params, rest), step
 
@@ -280,7 +247,7 @@ class PolicyCheckpointer:
         try:
             stored = self._manager.item_metadata(step)[PARAMS_ITEM]
         except (KeyError, FileNotFoundError, ValueError) as e:
-            raise CheckpointError(f"{where}: missing or unreadable ({_first_line(e)})") from e
+            raise CheckpointError(f"{where}: missing or unreadable ({first_line(e)})") from e
         if stored is None:
             raise CheckpointError(f"{where}: missing")
         return _flatten(getattr(stored, "tree", stored))
@@ -458,7 +425,7 @@ class StateCheckpointer:
             got = self._manager.restore(step, args=args)
         except (KeyError, ValueError, FileNotFoundError) as e:
             raise CheckpointError(f"{where}: cannot restore the train state into this "
-                                  f"model/optimizer ({_first_line(e)})") from e
+                                  f"model/optimizer ({first_line(e)})") from e
         restored = got[STATE_ITEM]
         if set(restored) != set(keyed):
             raise CheckpointError(f"{where}: train-state leaves differ from this run's")

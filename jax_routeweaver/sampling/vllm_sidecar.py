@@ -24,6 +24,13 @@ the `sampling.base` contract:
   vLLM applies the grammar mask (and top-p/top-k) before its logprobs, `JaxSampler` does not. The
   trainer recomputes its own logprobs either way; the gap is a logged diagnostic.
 
+Weight sync (`sync_policy_step`): the trainer's orbax policy step is loaded into the running
+server in place by the `vllm_worker_ext.PolicyWeightLoader` worker extension (pause -> load ->
+reset prefix cache -> resume), verified (checksums of what was loaded against the trainer's
+arrays; a probe sequence's prompt logprobs against the trainer's) and only then reported as
+the new version; a sync that did not take effect is retried once, then fatal.
+`update_weights(hf_dir, version)` is the slow fallback: restart the server on an HF directory.
+
 A crashed or unreachable server fails the in-flight requests loudly (`SidecarError`, with the
 log's tail) instead of hanging; the next `generate` restarts a server this sampler started.
 """
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from jax_routeweaver.sampling.base import (
     Completion,
@@ -54,8 +62,11 @@ from jax_routeweaver.sampling.base import (
     check_version,
 )
 from jax_routeweaver.sampling.constraints import Grammar
+from jax_routeweaver.sampling.vllm_worker_ext import compare_checksums
 
 __all__ = ["ServerConfig", "SidecarError", "VllmServer", "VllmSidecarSampler"]
+
+WEIGHT_LOADER = "jax_routeweaver.sampling.vllm_worker_ext.PolicyWeightLoader"
 
 
 class SidecarError(RuntimeError):
@@ -79,7 +90,8 @@ class ServerConfig:
     kv_cache_gib: int = 1
     enforce_eager: bool = True
     seed: int = 0
-    worker_extension_cls: str | None = None
+    # In-place weight sync from orbax policy steps (`vllm_worker_ext`); None: no extension.
+    worker_extension_cls: str | None = WEIGHT_LOADER
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
 
@@ -339,6 +351,78 @@ class VllmSidecarSampler:
             return (f"the server process died; it is restarted on the next call. "
                     f"{self.server.log_path}:\n{self.server.log_tail()}")
         return "server process still running"
+
+    # ------------------------------------------------------------------ weight sync
+    def sync_policy_step(self, step_dir: str | Path, version: int, *,
+                         expected: dict[str, list[float]],
+                         probe: tuple[Sequence[int], Sequence[float]] | None = None,
+                         atol: float = 1e-3, retries: int = 1) -> dict[str, float]:
+        """Load the orbax policy step at `step_dir` into the running server as `version`:
+        pause -> load in place (`vllm_worker_ext`) -> reset the prefix cache -> resume ->
+        verify -> set the server's weight version. Verified means: the served weights'
+        checksums (of what each worker loaded) equal `expected` (`vllm_worker_ext.checksums`
+        of the trainer's HF-named arrays) and,
+        with `probe` = (token ids, the trainer's logprobs of ids[1:]), the server's prompt
+        logprobs agree within `atol`. A sync that did not take effect is retried `retries`
+        times, then raises SidecarError. Returns seconds spent: `sync/load_s` (pause to
+        resume), `sync/verify_s`."""
+        check_version(self._version, version)
+        for attempt in range(retries + 1):
+            try:
+                timings = self._sync_once(Path(step_dir), version, expected, probe, atol)
+                self._version = int(version)
+                return timings | {"sync/attempts": float(attempt + 1)}
+            except SidecarError as e:
+                if attempt == retries:
+                    raise SidecarError(f"weight sync to version {version} from {step_dir} "
+                                       f"failed {attempt + 1} time(s): {e}") from e
+        raise AssertionError("unreachable")
+
+    def _rpc(self, client: httpx.Client, path: str, **kwargs: Any) -> Any:
+        try:
+            response = client.post(path, **kwargs)
+        except httpx.HTTPError as e:
+            raise SidecarError(f"{path}: {type(e).__name__}: {e}; {self._server_state()}") from e
+        if response.status_code != 200:
+            raise SidecarError(f"{path} answered {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else None
+
+    def _sync_once(self, step_dir, version, expected, probe, atol) -> dict[str, float]:
+        self._ensure_server()
+        started = time.perf_counter()
+        with httpx.Client(base_url=self.url, timeout=self._timeout) as client:
+            self._rpc(client, "/pause", params={"mode": "wait"})
+            try:
+                loaded = self._rpc(client, "/collective_rpc", json={
+                    "method": "load_policy_step", "args": [str(step_dir.absolute())]})
+                self._rpc(client, "/reset_prefix_cache")
+            finally:
+                self._rpc(client, "/resume")
+            load_s = time.perf_counter() - started
+            for worker in loaded["results"]:
+                bad = compare_checksums(worker["checksums"], expected)
+                if bad:
+                    raise SidecarError(f"the weights loaded from {step_dir} differ from the "
+                                       f"trainer's: {bad[:5]} ({len(bad)} tensors)")
+            if probe is not None:
+                ids, want = probe
+                body = {"model": self.served_name, "prompt": [int(t) for t in ids],
+                        "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+                choice = self._rpc(client, "/v1/completions", json=body)["choices"][0]
+                got = [entry[str(int(t))]["logprob"]
+                       for t, entry in zip(ids[1:], choice["prompt_logprobs"][1:], strict=True)]
+                gap = float(np.max(np.abs(np.asarray(got) - np.asarray(want))))
+                if not gap <= atol:
+                    raise SidecarError(f"probe logprobs differ from the trainer's by {gap:.3g} "
+                                       f"(> {atol}) after loading {step_dir}")
+            self._rpc(client, "/update_weight_version", json={"new_version": str(version)})
+        return {"sync/load_s": load_s, "sync/verify_s": time.perf_counter() - started - load_s,
+                "sync/tensors": float(loaded["results"][0]["tensors"])}
+
+    def served_version(self) -> str | None:
+        """The server's weight version label (`/weight_info`)."""
+        response = httpx.get(f"{self.url}/weight_info", timeout=10.0)
+        return response.json().get("weight_version")
 
     def update_weights(self, weights: Any, version: int) -> None:
         """Serve the Hugging Face checkpoint directory `weights` as `version`: restart the

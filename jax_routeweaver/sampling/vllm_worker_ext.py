@@ -1,0 +1,80 @@
+"""Weight sync into a running vLLM server straight from the trainer's orbax policy step.
+
+`PolicyWeightLoader` is a vLLM worker extension (`--worker-extension-cls
+jax_routeweaver.sampling.vllm_worker_ext.PolicyWeightLoader`, `ServerConfig`'s default): its
+methods run inside every vLLM worker through the dev server's `/collective_rpc` (arguments are
+strings). `load_policy_step(step_dir)` reads the step's params with orbax (no HF re-export),
+maps names and layouts with the HF export's own table (`models.hf.hf_arrays`) and hands them to
+vLLM's in-place reload (`model_runner.reload_weights(weights_iterator=...)`: the model's own
+loaders, then its post-load processing, e.g. oneDNN prepacking on CPU), so the engine and its
+KV cache stay up.
+
+Tied embeddings: vLLM's stock reload leaves a tied head unloaded ("ParallelLMHead: Failed to
+load weights") and generates wrong tokens; the loader therefore also sends `lm_head.weight`
+(the embedding) for a tied model, and the sidecar's probe check proves the head took it.
+
+It returns `checksums` (`[sum, sum of squares]` in float64 per HF tensor) of exactly what it
+loaded; the trainer compares them with `checksums(...)` of its own arrays, which catches a stale
+or corrupt step on disk. (The served parameters themselves cannot be summed on every backend:
+on CPU the linear weights live only inside prepacked kernels.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from jax_routeweaver.models.hf import hf_arrays
+from jax_routeweaver.models.policy_step import read_step
+
+__all__ = ["PolicyWeightLoader", "checksums", "compare_checksums"]
+
+def checksums(tensors: Iterable[tuple[str, np.ndarray]]) -> dict[str, list[float]]:
+    """`{HF name: [sum, sum of squares]}` (float64) of host tensors."""
+    out: dict[str, list[float]] = {}
+    for name, a in tensors:
+        a = np.asarray(a, np.float64)
+        out[name] = [float(a.sum()), float(np.square(a).sum())]
+    return out
+
+
+def compare_checksums(loaded: dict[str, list[float]], expected: dict[str, list[float]],
+                      rtol: float = 1e-5) -> list[str]:
+    """Names whose sums disagree (beyond `rtol` of the sum of squares, the scale of the
+    summation error), or that only one side has."""
+    bad = sorted(set(loaded) ^ set(expected))
+    for name in sorted(set(loaded) & set(expected)):
+        (s, q), (es, eq) = loaded[name], expected[name]
+        scale = max(1.0, abs(eq)) * rtol
+        if abs(s - es) > scale or abs(q - eq) > scale:
+            bad.append(f"{name} (sum {s:.6g} vs {es:.6g}, sumsq {q:.6g} vs {eq:.6g})")
+    return bad
+
+
+class PolicyWeightLoader:
+    """Mixed into vLLM's worker class: `self.model_runner.model` is the served model."""
+
+    model_runner: Any
+
+    def load_policy_step(self, step_dir: str) -> dict[str, Any]:
+        """Load the orbax policy step at `step_dir` into the running model, in place; returns
+        `tensors`, `checksums` (of what was loaded), `read_s`, `load_s`."""
+        import torch
+
+        started = time.perf_counter()
+        cfg, flat = read_step(step_dir)
+        arrays = list(hf_arrays(flat.__getitem__, cfg, untie=True))
+        read_s = time.perf_counter() - started
+        dtype = next(self.model_runner.model.parameters()).dtype
+        with torch.no_grad():
+            self.model_runner.reload_weights(
+                weights_iterator=((name, torch.from_numpy(np.ascontiguousarray(a)).to(dtype))
+                                  for name, a in arrays),
+                is_checkpoint_format=True)
+        copy = {"lm_head.weight"} if cfg.tie_word_embeddings else set()  # the embedding
+        return {"tensors": len(arrays) - len(copy),
+                "checksums": checksums((n, a) for n, a in arrays if n not in copy),
+                "read_s": read_s, "load_s": time.perf_counter() - started - read_s}
