@@ -12,16 +12,16 @@ import importlib.util
 import threading
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from jax_routeweaver.models.hf import hf_tensors, load_hf
+from jax_routeweaver.models.hf import load_hf, save_hf
 from jax_routeweaver.models.qwen3 import token_logprobs
+from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
+from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
@@ -31,7 +31,7 @@ from jax_routeweaver.sampling.vllm_sidecar import (
     VllmServer,
     VllmSidecarSampler,
 )
-from jax_routeweaver.sampling.vllm_worker_ext import checksums
+from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -93,34 +93,46 @@ def _check_parity(sampler, tokenizer, path):
         np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-3)
 
 
-def _new_weights(path, seed):
-    """The model at `path` with every parameter moved (a stand-in for a training step, large
-    enough that stale weights cannot pass for new ones)."""
-    model = load_hf(path)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    leaves = [a + 0.05 * jax.random.normal(k, a.shape, a.dtype) for a, k in zip(leaves, keys,
-                                                                              strict=True)]
-    return nnx.merge(graphdef, jax.tree.unflatten(tree, leaves), rest)
+def _trained(path, seed):
+    """The model at `path` after one real training step on the 8-device mesh (AdamW at a large
+    learning rate, so stale weights cannot pass for new ones)."""
+    mesh = make_mesh((2, 4, 1))
+    trainer = Trainer(load_hf(path, mesh=mesh), OptimConfig(lr=1e-2),
+                      LossConfig(micro_batch_size=8, kl_coef=0.0), mesh=mesh)
+    rng = np.random.default_rng(seed)
+    n, length = 8, 24
+    response = np.zeros((n, length), np.float32)
+    response[:, 8:] = 1.0
+    trainer.update(tokens=rng.integers(0, 1000, (n, length)).astype(np.int32),
+                   positions=np.tile(np.arange(length, dtype=np.int32), (n, 1)),
+                   attention_mask=np.ones((n, length), bool), response_mask=response,
+                   mode_mask=np.zeros((n, length), np.float32),
+                   advantages=rng.normal(size=(n, length)).astype(np.float32) * response,
+                   clean=np.ones(n, bool))
+    return trainer.model()
 
 
 def _expected(model, tokenizer):
     ids = tokenizer.encode("The quick brown fox jumps over the lazy dog, twice.")
     tokens = jnp.asarray([ids])
     logp = token_logprobs(model, tokens, jnp.arange(len(ids))[None], jnp.ones_like(tokens, bool))
-    return checksums(hf_tensors(model)), (ids, np.asarray(logp[0, 1:]))
+    return model_checksums(model), (ids, np.asarray(logp[0, 1:]))
 
 
-def _sync_in_place(sampler, tokenizer, path, ckpt_dir, version):
-    """Sync a new policy step in place; the sidecar then samples exactly like JaxSampler on
-    the new weights. A stale step is detected by verification."""
-    model = _new_weights(path, seed=version)
+def _sync_in_place(sampler, tokenizer, path, ckpt_dir, version, transport="orbax"):
+    """Sync a trained policy in place (an orbax step, or an HF export for transport "hf"); the
+    sidecar then samples exactly like JaxSampler on the new weights. A stale step on disk is
+    detected by verification."""
+    model = _trained(path, seed=version)
     with PolicyCheckpointer(ckpt_dir) as ckpt:
         step_dir = ckpt.save(model, version)
-        stale_dir = ckpt.save(_new_weights(path, seed=100 + version), version + 1)
+        stale_dir = ckpt.save(_trained(path, seed=100 + version), version + 1)
+    if transport == "hf":
+        step_dir = save_hf(model, ckpt_dir / "hf" / str(version))
+        stale_dir = save_hf(load_hf(path), ckpt_dir / "hf" / "stale")
     expected, probe = _expected(model, tokenizer)
-    timings = sampler.sync_policy_step(step_dir, version, expected=expected, probe=probe)
+    timings = sampler.sync_policy_step(step_dir, version, expected=expected, probe=probe,
+                                       transport=transport)
     assert sampler.policy_version == version and sampler.served_version() == str(version)
     assert timings["sync/attempts"] == 1 and timings["sync/tensors"] > 0
     prompts = _prompts(tokenizer)
@@ -131,7 +143,8 @@ def _sync_in_place(sampler, tokenizer, path, ckpt_dir, version):
     assert all(c.policy_version == version for c in theirs)
     # The step on disk is not what the trainer holds: checksums disagree, retried, then fatal.
     with pytest.raises(SidecarError, match=r"failed 2 time\(s\).*differ from the trainer"):
-        sampler.sync_policy_step(stale_dir, version + 1, expected=expected, probe=probe)
+        sampler.sync_policy_step(stale_dir, version + 1, expected=expected, probe=probe,
+                                 transport=transport)
     assert sampler.policy_version == version  # a failed sync never reports the new version
     return model
 
@@ -147,10 +160,11 @@ def test_greedy_parity_and_in_place_sync_untied_then_tied(setup, tmp_path):
     _check_parity(sampler, tokenizer, dirs[True])
     starts = server.starts
     _sync_in_place(sampler, tokenizer, dirs[True], tmp_path / "tied", 4)
+    _sync_in_place(sampler, tokenizer, dirs[True], tmp_path / "tied_hf", 6, transport="hf")
     assert server.starts == starts  # in place: no restart
     with pytest.raises(ValueError, match="strictly increase"):
-        sampler.update_weights(dirs[False], 4)
-    sampler.update_weights(dirs[True], 5)  # later tests: the server serves dirs[True] as is
+        sampler.update_weights(dirs[False], 6)
+    sampler.update_weights(dirs[True], 8)  # later tests: the server serves dirs[True] as is
 
 
 def test_grammar_parity_and_trailing_stop_token(setup):

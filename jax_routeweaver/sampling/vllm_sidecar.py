@@ -67,6 +67,8 @@ from jax_routeweaver.sampling.vllm_worker_ext import compare_checksums
 __all__ = ["ServerConfig", "SidecarError", "VllmServer", "VllmSidecarSampler"]
 
 WEIGHT_LOADER = "jax_routeweaver.sampling.vllm_worker_ext.PolicyWeightLoader"
+# transport -> the PolicyWeightLoader method that loads it
+LOADERS = {"orbax": "load_policy_step", "hf": "load_hf_dir"}
 
 
 class SidecarError(RuntimeError):
@@ -372,8 +374,10 @@ class VllmSidecarSampler:
     def sync_policy_step(self, step_dir: str | Path, version: int, *,
                          expected: dict[str, list[float]],
                          probe: tuple[Sequence[int], Sequence[float]] | None = None,
-                         atol: float = 1e-3, retries: int = 1) -> dict[str, float]:
-        """Load the orbax policy step at `step_dir` into the running server as `version`:
+                         atol: float = 1e-3, retries: int = 1,
+                         transport: str = "orbax") -> dict[str, float]:
+        """Load the orbax policy step at `step_dir` (transport "hf": an HF safetensors
+        export directory instead) into the running server as `version`:
         pause -> load in place (`vllm_worker_ext`) -> reset the prefix cache -> resume ->
         verify -> set the server's weight version. Verified means: the served weights'
         checksums (of what each worker loaded) equal `expected` (`vllm_worker_ext.checksums`
@@ -383,9 +387,11 @@ class VllmSidecarSampler:
         times, then raises SidecarError. Returns seconds spent: `sync/load_s` (pause to
         resume), `sync/verify_s`."""
         check_version(self._version, version)
+        if transport not in LOADERS:
+            raise ValueError(f"transport={transport!r}: expected one of {sorted(LOADERS)}")
         for attempt in range(retries + 1):
             try:
-                args = (Path(step_dir), version, expected, probe, atol)
+                args = (Path(step_dir), version, expected, probe, atol, LOADERS[transport])
                 timings = self._sync_once(*args)
                 self._version, self._last_sync = int(version), args
                 return timings | {"sync/attempts": float(attempt + 1)}
@@ -404,14 +410,14 @@ class VllmSidecarSampler:
             raise SidecarError(f"{path} answered {response.status_code}: {response.text[:500]}")
         return response.json() if response.content else None
 
-    def _sync_once(self, step_dir, version, expected, probe, atol) -> dict[str, float]:
+    def _sync_once(self, step_dir, version, expected, probe, atol, loader) -> dict[str, float]:
         self._ensure_server()
         started = time.perf_counter()
         with httpx.Client(base_url=self.url, timeout=self._timeout) as client:
             self._rpc(client, "/pause", params={"mode": "wait"})
             try:
                 loaded = self._rpc(client, "/collective_rpc", json={
-                    "method": "load_policy_step", "args": [str(step_dir.absolute())]})
+                    "method": loader, "args": [str(step_dir.absolute())]})
                 self._rpc(client, "/reset_prefix_cache")
             finally:
                 self._rpc(client, "/resume")

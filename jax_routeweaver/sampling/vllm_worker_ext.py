@@ -7,7 +7,8 @@ strings). `load_policy_step(step_dir)` reads the step's params with orbax (no HF
 maps names and layouts with the HF export's own table (`models.hf.hf_arrays`) and hands them to
 vLLM's in-place reload (`model_runner.reload_weights(weights_iterator=...)`: the model's own
 loaders, then its post-load processing, e.g. oneDNN prepacking on CPU), so the engine and its
-KV cache stay up.
+KV cache stay up. `load_hf_dir(hf_dir)` is the fallback transport: the same load from an HF
+safetensors export.
 
 Tied embeddings: vLLM's stock reload leaves a tied head unloaded ("ParallelLMHead: Failed to
 load weights") and generates wrong tokens; the loader therefore also sends `lm_head.weight`
@@ -29,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_routeweaver.models.hf import active_rules, hf_arrays, hf_names
+from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.hf import SafetensorsReader, active_rules, hf_arrays, hf_names
 from jax_routeweaver.models.policy_step import read_step
 from jax_routeweaver.models.qwen3 import Qwen3
 
@@ -81,12 +83,27 @@ class PolicyWeightLoader:
     def load_policy_step(self, step_dir: str) -> dict[str, Any]:
         """Load the orbax policy step at `step_dir` into the running model, in place; returns
         `tensors`, `checksums` (of what was loaded), `read_s`, `load_s`."""
-        import torch
-
         started = time.perf_counter()
         cfg, flat = read_step(step_dir)
         arrays = list(hf_arrays(flat.__getitem__, cfg, untie=True))
-        read_s = time.perf_counter() - started
+        return self._reload(cfg, arrays, time.perf_counter() - started)
+
+    def load_hf_dir(self, hf_dir: str) -> dict[str, Any]:
+        """The fallback transport: the same in-place load from an HF safetensors directory
+        (`models.hf.save_hf` output); a tied model's head gets the embedding here too."""
+        started = time.perf_counter()
+        cfg = ModelConfig.from_hf(hf_dir)
+        reader = SafetensorsReader(hf_dir)
+        arrays = [(name, reader.get(name)) for name in sorted(reader.names())]
+        if cfg.tie_word_embeddings and "lm_head.weight" not in reader.names():
+            arrays.append(("lm_head.weight", reader.get("model.embed_tokens.weight")))
+        return self._reload(cfg, arrays, time.perf_counter() - started)
+
+    def _reload(self, cfg: ModelConfig, arrays: list[tuple[str, np.ndarray]],
+                read_s: float) -> dict[str, Any]:
+        import torch
+
+        started = time.perf_counter()
         dtype = next(self.model_runner.model.parameters()).dtype
         with torch.no_grad():
             self.model_runner.reload_weights(
@@ -96,4 +113,4 @@ class PolicyWeightLoader:
         copy = {"lm_head.weight"} if cfg.tie_word_embeddings else set()  # the embedding
         return {"tensors": len(arrays) - len(copy),
                 "checksums": checksums((n, a) for n, a in arrays if n not in copy),
-                "read_s": read_s, "load_s": time.perf_counter() - started - read_s}
+                "read_s": read_s, "load_s": time.perf_counter() - started}
