@@ -9,6 +9,7 @@ switches the server to a tied-embedding copy (`update_weights`), and finally kil
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import threading
 import time
 
@@ -146,6 +147,15 @@ def _sync_in_place(sampler, tokenizer, path, ckpt_dir, version, transport="orbax
         sampler.sync_policy_step(stale_dir, version + 1, expected=expected, probe=probe,
                                  transport=transport)
     assert sampler.policy_version == version  # a failed sync never reports the new version
+    if transport == "orbax":  # a corrupted step: unreadable in the worker, fatal after a retry
+        corrupt = ckpt_dir / "corrupt"
+        shutil.copytree(step_dir, corrupt)
+        for f in (corrupt / "params").rglob("*"):
+            if f.is_file() and f.stat().st_size > 256:
+                f.write_bytes(b"\x00" * f.stat().st_size)
+        with pytest.raises(SidecarError, match=r"failed 2 time\(s\)"):
+            sampler.sync_policy_step(corrupt, version + 1, expected=expected, probe=probe)
+        assert sampler.policy_version == version
     return model
 
 
@@ -193,6 +203,12 @@ def test_sampling_seeds_stop_strings_and_concurrency(setup):
     assert len({tuple(c.token_ids) for c in first}) > 1  # rows of one prompt differ
     for c in first:
         assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)
+    # n per request: 3 distinct samples of each of two prompts, reproducible
+    two = _prompts(tokenizer)[:2]
+    (a, b), again_n = sampler.generate_n(two, params, 3), sampler.generate_n(two, params, 3)
+    assert len(a) == len(b) == 3 and len({tuple(c.token_ids) for c in a}) == 3
+    assert [[c.token_ids for c in row] for row in again_n] == [[c.token_ids for c in a],
+                                                               [c.token_ids for c in b]]
     # A stop string: cut in token space right after the tokens spelling it, kept in the output.
     text = tokenizer.decode(first[0].token_ids)
     stop = text[len(text) // 2:len(text) // 2 + 2]

@@ -273,6 +273,14 @@ class VllmSidecarSampler:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  grammars: Sequence[Any] | None = None) -> list[Completion]:
+        return [c for (c,) in self.generate_n(prompts, params, 1, grammars)]
+
+    def generate_n(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int,
+                   grammars: Sequence[Any] | None = None) -> list[list[Completion]]:
+        """`n` completions per prompt from one request each (vLLM's `n`: the prompt is
+        prefilled once)."""
+        if n < 1:
+            raise ValueError(f"n={n} must be >= 1")
         if grammars is not None and len(grammars) != len(prompts):
             raise ValueError(f"{len(grammars)} grammars for {len(prompts)} prompts")
         if params.stop_strings and self._decode is None:
@@ -283,8 +291,8 @@ class VllmSidecarSampler:
         if params.seed is None and self._rng is not None:
             params = dataclasses.replace(params, seed=int(self._rng.integers(2**31)))
         grammars = list(grammars) if grammars is not None else [None] * len(prompts)
-        future = asyncio.run_coroutine_threadsafe(self._generate(prompts, params, grammars),
-                                                  self._loop)
+        future = asyncio.run_coroutine_threadsafe(
+            self._generate(prompts, params, grammars, n), self._loop)
         return future.result()
 
     def request_body(self, prompt: Sequence[int], params: SamplingParams,
@@ -305,19 +313,23 @@ class VllmSidecarSampler:
             body["structured_outputs"] = {"grammar": grammar.ebnf}
         return body
 
-    async def _generate(self, prompts, params, grammars) -> list[Completion]:
+    async def _generate(self, prompts, params, grammars, n) -> list[list[Completion]]:
         limit = asyncio.Semaphore(self._max_in_flight)
         timeout = httpx.Timeout(self._timeout, connect=10.0)
         async with httpx.AsyncClient(base_url=self.url, timeout=timeout) as client:
-            async def one(i: int) -> Completion:
+            async def one(i: int) -> list[Completion]:
                 async with limit:
-                    body = self.request_body(prompts[i], params, grammars[i], i)
-                    choice = await self._post(client, body)
-                return self._completion(choice, params, grammars[i])
+                    body = self.request_body(prompts[i], params, grammars[i], i, n)
+                    choices = await self._post(client, body)
+                if len(choices) != n:
+                    raise SidecarError(f"vLLM returned {len(choices)} choices for n={n}")
+                order = sorted(choices, key=lambda c: c.get("index", 0))
+                return [self._completion(c, params, grammars[i]) for c in order]
 
             return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
 
-    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]
+                    ) -> list[dict[str, Any]]:
         try:
             response = await client.post("/v1/completions", json=body)
         except httpx.HTTPError as e:
@@ -325,7 +337,7 @@ class VllmSidecarSampler:
                                f"{self._server_state()}") from e
         if response.status_code != 200:
             raise SidecarError(f"vLLM answered {response.status_code}: {response.text[:500]}")
-        return response.json()["choices"][0]
+        return response.json()["choices"]
 
     def _completion(self, choice: dict[str, Any], params: SamplingParams,
                     grammar: Grammar | None) -> Completion:
