@@ -351,7 +351,9 @@ class _Run:
 
         t = time.perf_counter()
         self.step = step
-        self.policy_ckpt.save(self.trainer.model(), step, tokenizer_dir=self.tokenizer_dir)
+        # Async orbax write (it overlaps the next rollout) unless the sidecar reads it now.
+        self.policy_ckpt.save(self.trainer.model(), step, tokenizer_dir=self.tokenizer_dir,
+                              block=self.sidecar is not None)
         write_s = time.perf_counter() - t
         if step % cfg.checkpoint.full_every == 0 or step == cfg.steps:
             loop: dict[str, Any] = {"step": step, "data": self.iterator.get_state()}
