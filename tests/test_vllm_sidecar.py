@@ -147,6 +147,8 @@ def _sync_in_place(sampler, tokenizer, path, ckpt_dir, version, transport="orbax
         sampler.sync_policy_step(stale_dir, version + 1, expected=expected, probe=probe,
                                  transport=transport)
     assert sampler.policy_version == version  # a failed sync never reports the new version
+    with pytest.raises(SidecarError, match="unverified weights"):
+        sampler.generate(prompts, greedy)
     if transport == "orbax":  # a corrupted step: unreadable in the worker, fatal after a retry
         corrupt = ckpt_dir / "corrupt"
         shutil.copytree(step_dir, corrupt)

@@ -245,6 +245,7 @@ class VllmSidecarSampler:
         self._version = int(policy_version)
         self._rng: np.random.Generator | None = None
         self._last_sync: tuple | None = None  # replayed into a restarted server
+        self._unverified: str | None = None  # why the served weights are not trusted
         self.restarts = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
@@ -287,6 +288,8 @@ class VllmSidecarSampler:
             raise ValueError("stop strings need the sampler's `decode`")
         if not prompts:
             return []
+        if self._unverified:
+            raise SidecarError(f"not sampling from unverified weights: {self._unverified}")
         self._ensure_server()
         if params.seed is None and self._rng is not None:
             params = dataclasses.replace(params, seed=int(self._rng.integers(2**31)))
@@ -391,13 +394,14 @@ class VllmSidecarSampler:
         """Load the orbax policy step at `step_dir` (transport "hf": an HF safetensors
         export directory instead) into the running server as `version`:
         pause -> load in place (`vllm_worker_ext`) -> reset the prefix cache -> resume ->
-        verify -> set the server's weight version. Verified means: the served weights'
-        checksums (of what each worker loaded) equal `expected` (`vllm_worker_ext.checksums`
-        of the trainer's HF-named arrays) and,
-        with `probe` = (token ids, the trainer's logprobs of ids[1:]), the server's prompt
-        logprobs agree within `atol`. A sync that did not take effect is retried `retries`
-        times, then raises SidecarError. Returns seconds spent: `sync/load_s` (pause to
-        resume), `sync/verify_s`."""
+        verify -> set the server's weight version. Verified means: the checksums of what
+        each worker loaded equal `expected` (`vllm_worker_ext.model_checksums` of the
+        trainer's params) and, with `probe` = (token ids, the trainer's logprobs of ids[1:]),
+        the server's prompt logprobs agree within `atol`. A sync that did not take effect is
+        retried `retries` times, then raises SidecarError, and `generate` refuses to sample
+        from the unverified weights until a sync succeeds (or `update_weights` restarts the
+        server). Returns `sync/load_s` (pause to resume), `sync/verify_s`, `sync/tensors`,
+        `sync/attempts`."""
         check_version(self._version, version)
         if transport not in LOADERS:
             raise ValueError(f"transport={transport!r}: expected one of {sorted(LOADERS)}")
@@ -405,12 +409,13 @@ class VllmSidecarSampler:
             try:
                 args = (Path(step_dir), version, expected, probe, atol, LOADERS[transport])
                 timings = self._sync_once(*args)
-                self._version, self._last_sync = int(version), args
+                self._version, self._last_sync, self._unverified = int(version), args, None
                 return timings | {"sync/attempts": float(attempt + 1)}
             except SidecarError as e:
                 if attempt == retries:
-                    raise SidecarError(f"weight sync to version {version} from {step_dir} "
-                                       f"failed {attempt + 1} time(s): {e}") from e
+                    self._unverified = (f"weight sync to version {version} from {step_dir} "
+                                        f"failed {attempt + 1} time(s): {e}")
+                    raise SidecarError(self._unverified) from e
         raise AssertionError("unreachable")
 
     def _rpc(self, client: httpx.Client, path: str, **kwargs: Any) -> Any:
@@ -471,4 +476,4 @@ class VllmSidecarSampler:
         self.server.stop()
         self.server.config = config
         self.server.start()
-        self._version, self._last_sync = int(version), None
+        self._version, self._last_sync, self._unverified = int(version), None, None
