@@ -132,7 +132,8 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     (top-k off) finds the top-p threshold by bisection instead, without a sort (a full-vocab
     sort dominated decode time on CPU: 54 s vs 4 s for 32 rows x 48 tokens at vocab 151,936);
     True means "top_k", False "none". The logprob is log_softmax(logits / T) of the
-    unrestricted logits: the grammar, top-k and top-p are truncations, as in vLLM.
+    unrestricted logits: the grammar, top-k and top-p are truncations (vLLM instead reports
+    logprobs after its grammar mask; see `vllm_sidecar`).
     """
     logits = logits.astype(jnp.float32)
     kept = logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
