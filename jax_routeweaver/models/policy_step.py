@@ -74,14 +74,11 @@ def read_step(step_dir: str | Path) -> tuple[ModelConfig, dict[tuple[str, ...], 
             tree = ckptr.restore(step_dir / PARAMS_ITEM)
     except (OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{step_dir}: unreadable ({first_line(e)})") from e
-    flat: dict[tuple[str, ...], np.ndarray] = {}
+    return cfg, {path: np.asarray(leaf) for path, leaf in flatten(tree).items()}
 
-    def walk(node: Any, prefix: tuple[str, ...]) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, (*prefix, str(k)))
-        else:
-            flat[prefix] = np.asarray(node)
 
-    walk(tree, ())
-    return cfg, flat
+def flatten(tree: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Nested dict -> {path: leaf}."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    return {p: leaf for k, v in tree.items() for p, leaf in flatten(v, (*prefix, k)).items()}

@@ -35,6 +35,7 @@ from jax_routeweaver.models.policy_step import (
     config_from_json,
     config_to_json,
     first_line,
+    flatten,
 )
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, param_specs
@@ -229,7 +230,7 @@ class PolicyCheckpointer:
         target = abstract_params(abstract, mesh, rules)
         where = f"{self.step_dir(step)}/{PARAMS_ITEM}"
         # Compared first: orbax's own mismatch errors are pages long and leave threads behind.
-        _check_shapes(self._stored_params(step, where), _flatten(target), where)
+        _check_shapes(self._stored_params(step, where), flatten(target), where)
         args = ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardRestore(target)})
         try:
             restored = self._manager.restore(step, args=args)[PARAMS_ITEM]
@@ -250,14 +251,7 @@ class PolicyCheckpointer:
             raise CheckpointError(f"{where}: missing or unreadable ({first_line(e)})") from e
         if stored is None:
             raise CheckpointError(f"{where}: missing")
-        return _flatten(getattr(stored, "tree", stored))
-
-
-def _flatten(tree: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    """Nested dict -> {path: leaf}."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    return {p: leaf for k, v in tree.items() for p, leaf in _flatten(v, (*prefix, k)).items()}
+        return flatten(getattr(stored, "tree", stored))
 
 
 def _check_shapes(stored: dict[tuple[str, ...], Any], want: dict[tuple[str, ...], Any],

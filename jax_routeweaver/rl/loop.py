@@ -220,18 +220,18 @@ class _Run:
             batch_size=d.batch_size, group_size=d.group_size, quotas=d.quotas or None,
             shuffle=d.shuffle, seed=d.seed, num_batches=None if d.repeat else cfg.steps,
             repeat=d.repeat))
-        constraints = GrammarConstraints(self.tokenizer, model.config.vocab_size) \
-            if cfg.rollout.constrained else None
-        # The first round samples all B×K rows at once: make that an exact batch bucket.
-        rollouts = d.batch_size * d.group_size
-        buckets = sorted({*DEFAULT_BATCH_BUCKETS, rollouts} - {b for b in DEFAULT_BATCH_BUCKETS
-                                                               if rollouts < b < 2 * rollouts})
         self.sidecar: Sidecar | None = None
         self.sync_times: dict[str, float] = {}
         if cfg.rollout.sampler == "vllm":
             self.sidecar = Sidecar(cfg, model, self.tokenizer, self.out)
             self.sampler = self.sidecar.sampler
         else:
+            constraints = GrammarConstraints(self.tokenizer, model.config.vocab_size) \
+                if cfg.rollout.constrained else None
+            # The first round samples all B×K rows at once: make that an exact batch bucket.
+            rollouts = d.batch_size * d.group_size
+            buckets = sorted({*DEFAULT_BATCH_BUCKETS, rollouts}
+                             - {b for b in DEFAULT_BATCH_BUCKETS if rollouts < b < 2 * rollouts})
             self.sampler = JaxSampler(model, decode=self.tokenizer.decode, pad_id=self.pad_id,
                                       mesh=self.mesh, rules=SAMPLE_RULES,
                                       constraints=constraints, batch_buckets=buckets)
@@ -291,10 +291,10 @@ class _Run:
         t0 = time.perf_counter()
         batch = next(self.iterator)
         records = self.plan(batch)
-        if cfg.deterministic:
-            self.sampler.reseed(cfg.seed * 1_000_003 + step)
-        stats = EpisodeStats()
         for attempt in (1, 2):
+            if cfg.deterministic:
+                self.sampler.reseed(cfg.seed * 1_000_003 + step)
+            stats = EpisodeStats()
             try:
                 # Router-R1 costs calls with its own price table (in its reward).
                 trajs = run_episodes(records, self.sampler, self.pool, self.make_env,
@@ -309,9 +309,6 @@ class _Run:
                 # same seeds), so no step is lost or counted twice.
                 self.console.print(f"step {step}: the vLLM sidecar failed ({e}); restarting "
                                    "it and running the rollout again")
-                stats = EpisodeStats()
-                if cfg.deterministic:
-                    self.sampler.reseed(cfg.seed * 1_000_003 + step)
         times["time/rollout_s"] = time.perf_counter() - t0
 
         t = time.perf_counter()

@@ -11,6 +11,7 @@ step is exported as HF safetensors and loaded the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -43,11 +44,12 @@ class Sidecar:
             target: VllmServer | str = v.url
         else:
             initial = save_hf(model, out / "sidecar" / "initial_hf", tokenizer=tokenizer)
+            # The section's server options are ServerConfig fields of the same names.
+            shared = {f.name for f in dataclasses.fields(ServerConfig)} \
+                & {f.name for f in dataclasses.fields(v)}
             self.server = target = VllmServer(ServerConfig(
-                model=str(initial), work_dir=str(out / "sidecar"), host=v.host, port=v.port,
-                dtype=v.dtype, max_model_len=v.max_model_len, kv_cache_gib=v.kv_cache_gib,
-                enforce_eager=v.enforce_eager, seed=cfg.seed, extra_args=tuple(v.extra_args),
-                startup_timeout_s=v.startup_timeout_s))
+                model=str(initial), work_dir=str(out / "sidecar"), seed=cfg.seed,
+                **{name: getattr(v, name) for name in shared}))
         self.sampler = VllmSidecarSampler(target, decode=tokenizer.decode,
                                           max_in_flight=v.max_in_flight,
                                           request_timeout_s=v.request_timeout_s)

