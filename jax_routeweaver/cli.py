@@ -157,6 +157,109 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ plan
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, type=Path, help="training config (YAML)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides, as for `routeweaver train`")
+    p.add_argument("--arch", type=Path,
+                   help="the router's HF config.json (default: model.path/config.json)")
+    p.add_argument("--target", action="append", default=[],
+                   help="a named machine (v5e-16, v5p-8, a100-80gb-x8, h200) or 'all'; "
+                        "repeatable (default: all, unless --devices is given)")
+    p.add_argument("--devices", type=int, help="a custom target: this many devices ...")
+    p.add_argument("--memory-gib", type=float, default=80.0, help="... of this memory each")
+    p.add_argument("--mesh", type=parse_mesh,
+                   help="mesh data,fsdp,tensor of the custom target (default: 1,DEVICES,1)")
+    p.add_argument("--remat", default="",
+                   help="comma-separated remat policies to plan (default: the config's)")
+    p.add_argument("--rows-per-device", type=int, default=1,
+                   help="rows of one micro-batch on each batch shard (default 1)")
+    p.add_argument("--length", type=int, help="tokens per row (default: 6144 prompt + "
+                   "rollout.protocol.response_length)")
+    p.add_argument("--policy-tokens", type=int,
+                   help="policy tokens per row (default: the whole response, the worst case)")
+    p.add_argument("--json", type=Path, help="also write the plans as JSON here")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from jax_routeweaver.rl.plan import GIB, HEADROOM, TARGETS, Target
+
+    if args.devices:
+        mesh = args.mesh or (1, args.devices, 1)
+        targets = [Target(f"{args.devices} devices", args.devices, args.memory_gib, mesh)]
+    else:
+        names = [n for t in args.target or ["all"] for n in t.split(",")]
+        names = list(TARGETS) if "all" in names else names
+        unknown = [n for n in names if n not in TARGETS]
+        if unknown:
+            raise ValueError(f"--target {unknown[0]!r}: expected one of {sorted(TARGETS)} or "
+                             "'all'")
+        targets = [TARGETS[n] for n in names]
+    needed = max(t.devices for t in targets)
+    # Fake CPU devices stand in for the accelerators; XLA reads the flag when the CPU
+    # backend starts, i.e. before the first jax.devices() of this process.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={needed}"
+
+    import jax
+    from rich.console import Console
+    from rich.table import Table
+
+    from jax_routeweaver.models.config import ModelConfig
+    from jax_routeweaver.rl.plan import config_shape, plan_config
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    cfg = load_train_config(args.config, args.overrides)
+    arch_path = args.arch or Path(cfg.model.path) / "config.json"
+    arch = ModelConfig.from_hf(arch_path)
+    devices = jax.devices("cpu")
+    if len(devices) < needed:
+        raise ValueError(f"the CPU backend has {len(devices)} devices, the plan needs {needed}: "
+                         f"run with XLA_FLAGS=--xla_force_host_platform_device_count={needed}")
+    remats = [r for r in args.remat.split(",") if r] or [cfg.model.remat]
+    shape = config_shape(cfg, rows_per_device=args.rows_per_device, length=args.length,
+                         policy_tokens=args.policy_tokens)
+    console = Console()
+    if not console.is_terminal:  # a log file or pipe: keep the table's columns whole
+        console = Console(width=160)
+    console.print(f"{args.config}: {arch_path} ({arch.num_layers} layers, hidden "
+                  f"{arch.hidden_size}, vocab {arch.vocab_size}); {shape.rows} rows x "
+                  f"{shape.length} tokens per optimizer step, {shape.policy_tokens} policy "
+                  f"tokens per row, {shape.rows_per_device} row(s) per device per micro-batch, "
+                  f"support rows for {shape.support_queries} queries; params "
+                  f"{cfg.model.param_dtype}, compute {cfg.model.dtype}")
+    table = Table("target", "mesh", "remat", "params", "optimizer", "reference",
+                  "update peak", "logprob peak", "need / have (GiB)", "fits",
+                  title=f"per-device memory (XLA:CPU estimate; fits = under "
+                        f"{1 - HEADROOM:.0%} of device memory)")
+    rows = []
+
+    def gib(b: int) -> str:
+        return f"{b / GIB:.1f}"
+
+    for target in targets:
+        for remat in remats:
+            plan = plan_config(cfg, arch, target, shape, devices=devices, remat=remat)
+            fits = plan.fits(target.memory_gib)
+            table.add_row(target.name, "x".join(map(str, plan.mesh)), remat, gib(plan.params),
+                          gib(plan.optimizer), gib(plan.reference), gib(plan.update.peak),
+                          gib(plan.logprobs.peak),
+                          f"{plan.peak / GIB:.1f} / {target.memory_gib:g}",
+                          "yes" if fits else "no")
+            rows.append({"target": target.name, "devices": target.devices,
+                         "memory_gib": target.memory_gib, "fits": fits, **plan.as_dict()})
+    console.print(table)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
 # ------------------------------------------------------------------------------ selfcheck
 # Every part end to end on CPU, no keys: real Qwen3 tokenizer (offline), a tiny Qwen3 router
 # born sharded over the local devices, an orbax policy checkpoint and its restore, HF export
@@ -380,6 +483,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("selfcheck", "check every part end to end on CPU in about a minute (tokenizer, "
             "sharded model, orbax, HF export parity, sampler, episodes)",
             _quickstart_arguments, _quickstart),
+    Command("plan", "per-device memory of the train step for a config's real shapes on "
+            "named machines (compiled on fake CPU devices, no weights)", _plan_arguments,
+            _plan),
     Command("calibrate-cost", "compute C_ref (P95 of per-trajectory worker cost) from a "
             "rollout dump and write cost_ref.json", _calibrate_cost_arguments, _calibrate_cost),
 )

@@ -164,6 +164,53 @@ class Trainer:
                  temperature: float = 0.8, mesh: Mesh | None = None,
                  rules: Rules = TRAIN_RULES, seed: int = 0,
                  reference: nnx.State | None = None):
+        graphdef, params = nnx.split(model, nnx.Param)
+        self._configure(graphdef, optim, loss, temperature, mesh, rules)
+        # Copies: the step donates its state, which must never delete the caller's arrays
+        # (a sampler built from the same module may share them).
+        copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
+        self.ref_params = copy(reference if reference is not None else params)
+        params = copy(params)
+        # Moments are born with their parameter's sharding: plain jit(tx.init) would put
+        # the zeros on one device (they do not depend on the input's placement).
+        opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings(params))(params)
+        self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32),
+                                jax.random.key_data(jax.random.key(seed)))
+
+    @classmethod
+    def for_shapes(cls, graphdef: Any, params: Any, optim: OptimConfig, loss: LossConfig, *,
+                   temperature: float = 0.8, mesh: Mesh | None = None,
+                   rules: Rules = TRAIN_RULES, reference: Any = None) -> Trainer:
+        """A trainer over abstract arrays, to compile and analyse (``lower_update``,
+        ``lower_logprobs``), never to run. ``params``: the policy's ``nnx.State`` of
+        ``jax.ShapeDtypeStruct`` carrying their shardings (``reference``: the frozen copy's,
+        default the same). The optimizer state gets the shardings ``jit(tx.init)`` gives it,
+        as in :meth:`__init__`."""
+        self = cls.__new__(cls)
+        self._configure(graphdef, optim, loss, temperature, mesh, rules)
+        self.ref_params = params if reference is None else reference
+        replicated = None if mesh is None else NamedSharding(mesh, P())
+        shardings = self._opt_shardings(params)
+        opt_state = jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            jax.eval_shape(self.tx.init, params), shardings)
+        self.state = TrainState(params, opt_state,
+                                jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+                                jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated))
+        return self
+
+    def _opt_shardings(self, params: Any) -> Any:
+        """Shardings of ``tx.init(params)``: each moment as its parameter, the rest
+        (step counts) replicated; None without a mesh (jit places them)."""
+        if self.mesh is None:
+            return None
+        replicated = NamedSharding(self.mesh, P())
+        return optax.tree_map_params(self.tx, lambda _, p: p.sharding,
+                                     jax.eval_shape(self.tx.init, params), params,
+                                     transform_non_params=lambda _: replicated)
+
+    def _configure(self, graphdef: Any, optim: OptimConfig, loss: LossConfig,
+                   temperature: float, mesh: Mesh | None, rules: Rules) -> None:
         if not temperature > 0:
             raise ValueError(f"temperature={temperature} must be > 0")
         self.optim_cfg, self.loss_cfg, self.temperature = optim, loss, temperature
@@ -172,16 +219,8 @@ class Trainer:
             # Each micro-batch's rows are sharded over the batch axes.
             raise ValueError(f"loss.micro_batch_size={loss.micro_batch_size} must be a multiple "
                              f"of the batch shards (mesh data x fsdp = {self._shards()})")
-        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.graphdef = graphdef
         self.tx = make_optimizer(optim)
-        # Copies: the step donates its state, which must never delete the caller's arrays
-        # (a sampler built from the same module may share them).
-        copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
-        self.ref_params = copy(reference if reference is not None else params)
-        params = copy(params)
-        opt_state = jax.jit(self.tx.init)(params)
-        self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32),
-                                jax.random.key_data(jax.random.key(seed)))
         self._logprobs = jax.jit(self._logprobs_impl)
         static = ("with_support", "num_queries")
         self._update = jax.jit(self._update_impl, donate_argnums=(0,), static_argnames=static)
@@ -310,9 +349,30 @@ class Trainer:
         a = jnp.asarray(a).reshape(m, a.shape[0] // m, *a.shape[1:])
         if self.mesh is None:
             return a
+        return jax.device_put(a, self.micro_batch_sharding(a.ndim))
+
+    def micro_batch_sharding(self, ndim: int) -> NamedSharding | None:
+        """The sharding of an ``[M, mb, ...]`` micro-batched array (rows over the batch
+        axes, the rest replicated); None without a mesh."""
+        if self.mesh is None:
+            return None
         spec = logical_to_spec(("batch",), self.rules, mesh=self.mesh)
-        return jax.device_put(a, NamedSharding(self.mesh, P(None, *spec,
-                                                            *([None] * (a.ndim - 2)))))
+        return NamedSharding(self.mesh, P(None, *spec, *([None] * (ndim - 2))))
+
+    # ------------------------------------------------------------------ compile only
+    def lower_update(self, batch: StepBatch, counts: losses.SegmentCounts,
+                     support: SupportBatch | None = None, *, num_queries: int = 0
+                     ) -> jax.stages.Lowered:
+        """The optimizer step lowered for these (abstract) inputs (``[M, mb, ...]`` batch,
+        placed with :meth:`micro_batch_sharding`); with ``support``, the support loss too."""
+        return self._update.lower(self.state, batch, counts, support, jnp.float32(1.0),
+                                  with_support=support is not None,
+                                  num_queries=num_queries if support is not None else 0)
+
+    def lower_logprobs(self, params: Any, tokens: Any, positions: Any, attention_mask: Any,
+                       index: Any = None) -> jax.stages.Lowered:
+        """The logprob pass (reference / old policy) lowered for ``[M, mb, L]`` inputs."""
+        return self._logprobs.lower(params, tokens, positions, attention_mask, index)
 
     # ------------------------------------------------------------------ jitted
     def _policy_logp(self, params: Any, tokens: jax.Array, positions: jax.Array,
