@@ -113,18 +113,25 @@ class Qwen3(nnx.Module):
                           preferred_element_type=jnp.float32).astype(jnp.float32)
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                      cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+                      cache: KVCache | None = None, *,
+                      batch_sharding: jax.sharding.Sharding | None = None
+                      ) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states `[B, T, D]` (compute dtype) and the updated cache.
 
         Without a cache, token i attends to tokens j <= i with attention_mask[j] = 1 (left or
         right padding). With a cache, the T tokens are written at slots `index .. index+T` and
-        attend to every earlier valid slot; `index` advances by T.
+        attend to every earlier valid slot; `index` advances by T. `batch_sharding`: the
+        `[B, T, D]` activations are constrained to it at every layer boundary (rows over the
+        batch axes): with FSDP, weights and rows are split over the same mesh axis, and
+        without the constraint XLA may gather the rows instead of the weights.
         """
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
         T = tokens.shape[1]
         attention_mask = attention_mask.astype(bool)
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+        constrain = (lambda a: a) if batch_sharding is None else (
+            lambda a: jax.lax.with_sharding_constraint(a, batch_sharding))
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(dt))
         inv_freq, rope_scale = cfg.rope_inv_freq()
         cos, sin = rope_tables(positions, jnp.asarray(inv_freq), rope_scale)
         if cache is None:
@@ -141,7 +148,7 @@ class Qwen3(nnx.Module):
             x, ck, cv = carry
             p, index = xs
             x, ck, cv = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start, index)
-            return (x, ck, cv), None
+            return (constrain(x), ck, cv), None
 
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_REMAT[cfg.remat])
@@ -284,64 +291,75 @@ def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: 
 
 def token_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
                    attention_mask: jax.Array, *, temperature: float = 1.0,
-                   chunk_size: int | None = None, with_entropy: bool = False
+                   chunk_size: int | None = None, with_entropy: bool = False,
+                   batch_sharding: jax.sharding.Sharding | None = None
                    ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Per-token logprobs `[B, T]` fp32: out[:, t] = log softmax(logits[:, t-1] / temperature)
     [tokens[:, t]], out[:, 0] = 0. Never materialises `[B, T, V]` (see `chunked_logprobs`).
     `with_entropy`: also the entropy `[B, T]` of the distribution token t was drawn from
-    (same alignment, 0 at t = 0)."""
-    hidden, _ = model.hidden_states(tokens, positions, attention_mask)
+    (same alignment, 0 at t = 0). `batch_sharding`: see `Qwen3.hidden_states`."""
+    hidden, _ = model.hidden_states(tokens, positions, attention_mask,
+                                    batch_sharding=batch_sharding)
     targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
     out = chunked_logprobs(hidden, model.head_weight(), targets, temperature=temperature,
                            chunk_size=chunk_size or model.config.logprob_chunk,
-                           with_entropy=with_entropy)
+                           with_entropy=with_entropy,
+                           batch_shards=_row_shards(batch_sharding, hidden.shape))
     shift = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
     return tuple(shift(x) for x in out) if with_entropy else shift(out)
 
 
 def gathered_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
                       attention_mask: jax.Array, index: jax.Array, *, temperature: float = 1.0,
-                      chunk_size: int | None = None, with_entropy: bool = False
+                      chunk_size: int | None = None, with_entropy: bool = False,
+                      batch_sharding: jax.sharding.Sharding | None = None
                       ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Logprobs `[B, P]` of the tokens at `index [B, P]` (each >= 1): out[b, j] =
     log softmax(logits[b, index[b, j] - 1] / temperature)[tokens[b, index[b, j]]].
 
     The head runs only at the gathered positions: an RL row's policy tokens are a small part
     of its prompt + observations, and the `[*, V]` head dominates a small model's cost.
-    `with_entropy`: also the entropies `[B, P]` of those distributions."""
-    hidden, _ = model.hidden_states(tokens, positions, attention_mask)
+    `with_entropy`: also the entropies `[B, P]` of those distributions. `batch_sharding`: see
+    `Qwen3.hidden_states`."""
+    hidden, _ = model.hidden_states(tokens, positions, attention_mask,
+                                    batch_sharding=batch_sharding)
     prev = jnp.maximum(index - 1, 0)
     h = jnp.take_along_axis(hidden, prev[..., None], axis=1)
     targets = jnp.take_along_axis(tokens, index, axis=1)
     return chunked_logprobs(h, model.head_weight(), targets, temperature=temperature,
                             chunk_size=chunk_size or model.config.logprob_chunk,
-                            with_entropy=with_entropy)
+                            with_entropy=with_entropy,
+                            batch_shards=_row_shards(batch_sharding, h.shape))
+
+
+def _row_shards(sharding: jax.sharding.Sharding | None, shape: tuple[int, ...]) -> int:
+    """How many pieces `sharding` cuts the row axis of `shape` into (1 without one)."""
+    return 1 if sharding is None else shape[0] // sharding.shard_shape(shape)[0]
 
 
 def chunked_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, *,
                      temperature: float = 1.0, chunk_size: int = 512,
-                     with_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                     with_entropy: bool = False, batch_shards: int = 1
+                     ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """log softmax(hidden @ head / temperature)[targets], `[B, T]` fp32, chunk by chunk,
     as (h . head[:, target]) / temperature - logsumexp(h @ head / temperature).
     `with_entropy`: also the entropy `-Σ p log p` of each position's distribution.
 
-    hidden `[B, T, D]`, head `[D, V]`, targets `[B, T]`. Each chunk's `[chunk_size, V]` logits
-    are rematerialised in the backward pass, so peak memory is one chunk's logits.
+    hidden `[B, T, D]`, head `[D, V]`, targets `[B, T]`. Chunks run along T with every row
+    at once (`[B, c, V]` logits, c = `chunk_size` / rows per shard), so rows split over
+    `batch_shards` devices stay split and each device holds about `chunk_size` positions'
+    logits. Each chunk is rematerialised in the backward pass.
     """
     B, T, D = hidden.shape
-    # Chunks are taken over the flattened B·T positions, so peak memory is `chunk_size`
-    # rows of logits whatever the batch size.
-    rows = B * T
-    c = min(chunk_size, rows)
-    pad = (-rows) % c
-    flat_h = hidden.reshape(rows, D)
-    flat_t = targets.reshape(rows)
+    rows_per_shard = max(1, B // max(1, batch_shards))
+    c = max(1, min(T, chunk_size // rows_per_shard))
+    pad = (-T) % c
     if pad:
-        flat_h = jnp.pad(flat_h, ((0, pad), (0, 0)))
-        flat_t = jnp.pad(flat_t, (0, pad))
-    n = (rows + pad) // c
-    hs = flat_h.reshape(n, 1, c, D)
-    ts = flat_t.reshape(n, 1, c)
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    n = (T + pad) // c
+    hs = hidden.reshape(B, n, c, D).swapaxes(0, 1)  # [n, B, c, D]
+    ts = targets.reshape(B, n, c).swapaxes(0, 1)  # [n, B, c]
     w = head.astype(hidden.dtype)
 
     @jax.checkpoint
@@ -359,5 +377,5 @@ def chunked_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, *,
         return picked / temperature - lse, lse - (probs * scaled).sum(-1)
 
     out = jax.lax.map(lambda ht: one(*ht), (hs, ts))
-    unchunk = lambda x: x.reshape(n * c)[:rows].reshape(B, T)
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(B, n * c)[:, :T]
     return tuple(unchunk(x) for x in out) if with_entropy else unchunk(out)

@@ -36,7 +36,7 @@ from jax_routeweaver.models.tokenizer import (
     prune_tokenizer,
 )
 from jax_routeweaver.rewards.reward import RewardConfig, score_batch
-from jax_routeweaver.rl import curriculum
+from jax_routeweaver.rl import curriculum, distributed
 from jax_routeweaver.rl import router_r1_run as r1run
 from jax_routeweaver.rl.batch import (
     check_query_groups,
@@ -198,8 +198,17 @@ def mode_declarations(tokenizer: Any) -> list[list[int]]:
 class _Run:
     """The live objects of one run (kept together so `step` reads like the spec)."""
 
-    def __init__(self, cfg: TrainConfig, console: Console):
+    def __init__(self, cfg: TrainConfig, console: Console,
+                 runtime: distributed.Runtime | None = None):
         self.cfg, self.console = cfg, console
+        self.runtime = runtime or distributed.Runtime()
+        if self.runtime.num_processes > 1 and cfg.rollout.sampler != "vllm":
+            # The in-process sampler is one SPMD program over all hosts' devices: every host
+            # would have to run the same episodes (and get the same worker replies) in step.
+            raise ValueError(f"{self.runtime.num_processes} processes: multi-host training "
+                             "needs rollout.sampler: vllm (each host rolls out its share of "
+                             "the queries on a sidecar); the in-process JAX sampler runs on "
+                             "one host")
         self.out = Path(cfg.out_dir)
         self.records = build_records(cfg, console)
         self.router_r1 = cfg.rollout.dialect == "router_r1"
@@ -223,7 +232,10 @@ class _Run:
         self.sidecar: Sidecar | None = None
         self.sync_times: dict[str, float] = {}
         if cfg.rollout.sampler == "vllm":
-            self.sidecar = Sidecar(cfg, model, self.tokenizer, self.out)
+            # One sidecar per host, each with its own work directory.
+            where = self.out if self.runtime.num_processes == 1 \
+                else self.out / "hosts" / str(self.runtime.process_id)
+            self.sidecar = Sidecar(cfg, model, self.tokenizer, where)
             self.sampler = self.sidecar.sampler
         else:
             constraints = GrammarConstraints(self.tokenizer, model.config.vocab_size) \
@@ -261,7 +273,8 @@ class _Run:
         self.policy_ckpt = PolicyCheckpointer(ckpt / "policy", keep=cfg.checkpoint.keep_policy)
         self.state_ckpt = StateCheckpointer(ckpt / "state", keep=cfg.checkpoint.keep_full)
         self.tokenizer_dir = self.out / "tokenizer"
-        self.tokenizer.save_pretrained(str(self.tokenizer_dir))
+        if self.runtime.is_main:
+            self.tokenizer.save_pretrained(str(self.tokenizer_dir))
         self.iterator = iter(self.pipeline)
         self.step = 0
 
@@ -297,9 +310,14 @@ class _Run:
             stats = EpisodeStats()
             try:
                 # Router-R1 costs calls with its own price table (in its reward).
-                trajs = run_episodes(records, self.sampler, self.pool, self.make_env,
-                                     repeats=batch.group_size, stats=stats,
-                                     prices=None if self.router_r1 else REFERENCE_PRICES)
+                rt = self.runtime
+                trajs = run_episodes(
+                    host_share(records, rt.process_id, rt.num_processes), self.sampler,
+                    self.pool, self.make_env, repeats=batch.group_size, stats=stats,
+                    prices=None if self.router_r1 else REFERENCE_PRICES)
+                if rt.num_processes > 1:
+                    trajs = merge_host_shares(distributed.allgather_objects(trajs),
+                                              batch.group_size)
                 break
             except SidecarError as e:
                 if attempt == 2 or self.sidecar is None or self.sidecar.server is None:
@@ -412,34 +430,55 @@ class _Run:
 
 
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
-    """Run `cfg.steps` RL steps (resuming a run in `cfg.out_dir` when allowed)."""
+    """Run `cfg.steps` RL steps (resuming a run in `cfg.out_dir` when allowed). Multi-host
+    (see `rl.distributed`): every process runs this; each rolls out its share of the queries,
+    all write the orbax checkpoints, and only process 0 writes the config, logs and plots."""
     console = console or Console()
+    runtime = distributed.initialize()
+    main = runtime.is_main
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out / CONFIG_FILE)
-    run = _Run(cfg, console)
+    if main:
+        dump_config(cfg, out / CONFIG_FILE)
+    run = _Run(cfg, console, runtime)
     try:
         resumed = run.resume()
-        if resumed:
+        if resumed and main:
             console.print(f"resuming {out} after step {run.step}")
-        with RunLogger(out, jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
-                       resume=resumed) as log:
+        with RunLogger(out, jsonl=cfg.logging.jsonl and main,
+                       tensorboard=cfg.logging.tensorboard and main, resume=resumed) as log:
             if resumed:
                 log.truncate_after(run.step)
-            with Progress(cfg.steps, start=run.step, enabled=cfg.logging.progress,
-                          console=console) as progress:
+            with Progress(cfg.steps, start=run.step, enabled=cfg.logging.progress and main,
+                          console=console if main else Console(quiet=True)) as progress:
                 while run.step < cfg.steps:
                     metrics = run.run_step()
                     log.log(run.step, metrics)
                     progress.update(run.step, metrics)
     finally:
         run.close()
-    records = read_metrics(out / "metrics.jsonl") if cfg.logging.jsonl else []
+    records = read_metrics(out / "metrics.jsonl") if cfg.logging.jsonl and main else []
     if cfg.logging.plots and records:
         plot_run(records, out)
     if records:
         w = cfg.logging.summary_window
         console.print(summary_table(records, first=w, last=w))
-    (out / "run.json").write_text(json.dumps({"last_step": run.step,
-                                              "config": to_dict(cfg)}, indent=1))
+    if main:
+        (out / "run.json").write_text(json.dumps({"last_step": run.step,
+                                                  "config": to_dict(cfg)}, indent=1))
     return TrainResult(out, run.step, records)
+
+
+def host_share(records: list[Record], process: int, processes: int) -> list[Record]:
+    """The queries process ``process`` of ``processes`` rolls out: every ``processes``-th,
+    from its index (all K rollouts of a query stay on one host, so its group is whole)."""
+    return list(records[process::processes])
+
+
+def merge_host_shares(shares: list[list[Any]], group_size: int) -> list[Any]:
+    """Trajectories of all hosts (``shares[p]``: process p's, K per query, in its queries'
+    order) back in batch order: query j is process ``j % P``'s ``(j // P)``-th."""
+    groups = [[share[i:i + group_size] for i in range(0, len(share), group_size)]
+              for share in shares]
+    total = sum(len(g) for g in groups)
+    return [t for j in range(total) for t in groups[j % len(shares)][j // len(shares)]]

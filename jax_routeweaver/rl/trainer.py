@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from jax_routeweaver.models.qwen3 import Qwen3, gathered_logprobs, token_logprobs
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, logical_to_spec
 from jax_routeweaver.rl import losses
+from jax_routeweaver.rl.distributed import to_host
 
 REDUCTIONS = ("segment", "global")
 
@@ -282,8 +283,8 @@ class Trainer:
             raise ValueError(f"{n} rows do not split into {cfg.ppo_mini_batches} mini-batches "
                              f"(pad them to a multiple of row_multiple()={self.row_multiple()})")
         if old_logp is None and cfg.optimizer_steps > 1:
-            old_logp = np.asarray(self.logprobs(self.state.params, tokens, positions,
-                                                attention_mask, index))
+            old_logp = to_host(self.logprobs(self.state.params, tokens, positions,
+                                             attention_mask, index))
         # The frozen reference's logprobs: one pass per batch, whatever the optimizer steps.
         ref_logp = self._ref_logprobs(tokens, positions, attention_mask, index)
         rows = np.arange(n).reshape(cfg.ppo_mini_batches, -1)
@@ -298,8 +299,8 @@ class Trainer:
                 self.state, metrics, logp = self._update(self.state, *args, **kwargs)
                 per_step.append(metrics)
                 if cfg.optimizer_steps == 1:
-                    trainer_logp = np.asarray(logp).reshape(n, -1)
-        per_step = jax.device_get(per_step)
+                    trainer_logp = to_host(logp).reshape(n, -1)
+        per_step = jax.tree.map(to_host, per_step)
         out = {k: float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
         out["optim/steps"] = float(len(per_step))
         if sampler_logp is not None:
@@ -327,7 +328,7 @@ class Trainer:
         """The reference policy's logprobs for the KL term (None when ``kl_coef`` is 0)."""
         if self.loss_cfg.kl_coef <= 0:
             return None
-        return np.asarray(self.logprobs(self.ref_params, tokens, positions, attention_mask,
+        return to_host(self.logprobs(self.ref_params, tokens, positions, attention_mask,
                                         index))
 
     def _prepare(self, tokens, positions, attention_mask, index, response_mask, mode_mask,
@@ -380,11 +381,18 @@ class Trainer:
                      temperature: float | None = None):
         model = nnx.merge(self.graphdef, params)
         t = self.temperature if temperature is None else temperature
+        # Rows over the batch axes inside the model too (see Qwen3.hidden_states); support
+        # chunks whose rows do not divide over the shards stay as placed (replicated).
+        rows = self.micro_batch_sharding(3)
+        if rows is not None and tokens.shape[0] % self._shards() == 0:
+            rows = NamedSharding(rows.mesh, P(*rows.spec[1:]))
+        else:
+            rows = None
         if index is None:
             return token_logprobs(model, tokens, positions, mask, temperature=t,
-                                  with_entropy=with_entropy)
+                                  with_entropy=with_entropy, batch_sharding=rows)
         return gathered_logprobs(model, tokens, positions, mask, index, temperature=t,
-                                 with_entropy=with_entropy)
+                                 with_entropy=with_entropy, batch_sharding=rows)
 
     def _logprobs_impl(self, params: Any, tokens: jax.Array, positions: jax.Array,
                        mask: jax.Array, index: jax.Array | None) -> jax.Array:

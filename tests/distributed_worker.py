@@ -1,0 +1,42 @@
+"""One process of the multi-host trainer test (tests/test_distributed.py): joins the runtime
+from the environment (``rl.distributed.initialize``), builds the tiny policy on the mesh of all
+processes' devices, runs two optimizer steps on fixed batches and writes the losses and the
+final parameters (gathered) to ``argv[1]`` (process 0 only)."""
+
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jax_routeweaver.models.qwen3 import Qwen3
+from jax_routeweaver.models.sharding import create_sharded, make_mesh
+from jax_routeweaver.rl.distributed import initialize, to_host
+from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_trainer import CFG, random_batch
+
+
+def main(out: str) -> None:
+    runtime = initialize()
+    assert jax.device_count() == 8, jax.device_count()
+    mesh = make_mesh((2, 4, 1))
+    model = create_sharded(lambda: Qwen3(CFG, rngs=nnx.Rngs(0)), mesh)
+    trainer = Trainer(model, OptimConfig(lr=1e-3), LossConfig(micro_batch_size=8), mesh=mesh)
+    losses = []
+    for step in range(2):
+        metrics = trainer.update(**random_batch(n=16, seed=step))
+        losses.append(metrics["loss/total"])
+    params = {".".join(map(str, k)): to_host(v.get_value())
+              for k, v in nnx.to_flat_state(trainer.state.params)}
+    if runtime.is_main:
+        np.savez(out, losses=np.array(losses), processes=runtime.num_processes,
+                 local_devices=jax.local_device_count(), **params)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,117 @@
+"""Multi-host: two processes x 4 CPU devices (jax.distributed, localhost coordinator, gloo)
+train exactly like one process with 8 devices; the runtime is set up from the environment."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jax_routeweaver.rl import distributed
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAX_", "SLURM_", "TPU_", "OMPI_", "ROUTEWEAVER_DISTRIBUTED"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    return {**env, **extra}
+
+
+def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path, devices):
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, str(HERE / "distributed_worker.py"), str(tmp_path / "two.npz")],
+        env=worker_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                       JAX_PROCESS_ID=str(i),
+                       XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    single = subprocess.run(
+        [sys.executable, str(HERE / "distributed_worker.py"), str(tmp_path / "one.npz")],
+        env=worker_env(ROUTEWEAVER_DISTRIBUTED="off",
+                       XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+        capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
+
+    two, one = np.load(tmp_path / "two.npz"), np.load(tmp_path / "one.npz")
+    assert int(two["processes"]) == 2 and int(two["local_devices"]) == 4
+    assert int(one["processes"]) == 1 and int(one["local_devices"]) == 8
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+    assert two["losses"][1] != two["losses"][0]  # the first step changed the policy
+    names = [k for k in one.files if k not in ("losses", "processes", "local_devices")]
+    assert names and set(names) == {k for k in two.files
+                                    if k not in ("losses", "processes", "local_devices")}
+    for k in names:
+        np.testing.assert_allclose(two[k], one[k], atol=1e-5, err_msg=k)
+
+
+def test_runtime_from_the_environment():
+    assert distributed.initialize({"ROUTEWEAVER_DISTRIBUTED": "off"}) == distributed.Runtime()
+    # Nothing multi-host in the environment: one process, no jax.distributed call.
+    single = distributed.initialize({"SLURM_NTASKS": "1"})
+    assert single.num_processes == 1 and single.is_main
+    with pytest.raises(ValueError, match="ROUTEWEAVER_DISTRIBUTED='maybe'"):
+        distributed.initialize({"ROUTEWEAVER_DISTRIBUTED": "maybe"})
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES, JAX_PROCESS_ID missing"):
+        distributed.initialize({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
+    with pytest.raises(ValueError, match="JAX_PROCESS_ID=2 not in"):
+        distributed.initialize({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2",
+                                "JAX_PROCESS_ID": "2"})
+    with pytest.raises(ValueError, match="must be integers"):
+        distributed.initialize({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two",
+                                "JAX_PROCESS_ID": "0"})
+
+
+@pytest.mark.parametrize("env, multi", [
+    ({}, False),
+    ({"TPU_WORKER_HOSTNAMES": "t1"}, False),
+    ({"TPU_WORKER_HOSTNAMES": "t1,t2,t3,t4"}, True),
+    ({"SLURM_NTASKS": "2"}, True),
+    ({"SLURM_NTASKS": "1"}, False),
+    ({"OMPI_COMM_WORLD_SIZE": "4"}, True),
+])
+def test_multi_host_launches_are_detected(env, multi):
+    assert distributed._detected(env) is multi
+
+
+def test_allgather_and_to_host_single_process():
+    assert distributed.allgather_objects({"a": 1}) == [{"a": 1}]
+    np.testing.assert_array_equal(distributed.to_host(np.arange(3)), np.arange(3))
+
+
+def test_host_shares_cover_the_batch_and_merge_back_in_order():
+    from jax_routeweaver.rl.loop import host_share, merge_host_shares
+
+    queries, k = list("abcdefg"), 3
+    for hosts in (1, 2, 3, 4):
+        shares = [host_share(queries, p, hosts) for p in range(hosts)]
+        assert sorted(q for s in shares for q in s) == queries
+        # Each host's trajectories: K per query of its share, in its order.
+        rolled = [[f"{q}{i}" for q in share for i in range(k)] for share in shares]
+        assert merge_host_shares(rolled, k) == [f"{q}{i}" for q in queries for i in range(k)]
+
+
+def test_multi_process_training_needs_the_sidecar():
+    from jax_routeweaver.rl.loop import _Run
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    cfg = load_train_config("configs/quickstart.yaml", [])
+    with pytest.raises(ValueError, match="multi-host training needs rollout.sampler: vllm"):
+        _Run(cfg, console=None, runtime=distributed.Runtime(0, 2, "explicit"))
