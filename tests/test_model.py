@@ -7,6 +7,7 @@ import pytest
 import torch
 from tiny_models import make_hf_model
 
+from jax_routeweaver.models.config import ConfigError, ModelConfig
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.qwen3 import KVCache, init_cache, token_logprobs
 
@@ -200,3 +201,21 @@ def test_block_attention_matches_dense_on_long_sequences():
     g_block = jax.grad(loss(lambda q: q3.attention(q, k, v, mask)))(q)
     g_dense = jax.grad(loss(lambda q: q3._attend(q, k, v, mask.dense())))(q)
     np.testing.assert_allclose(g_block, g_dense, atol=1e-4)
+
+
+@pytest.mark.parametrize("block", [7, 64])
+def test_attention_block_size_changes_memory_not_values(block):
+    """`ModelConfig.attention_block` (any size, uneven splits included) gives the logits of
+    the default block; a block below 1 is a config error."""
+    from jax_routeweaver.models import qwen3 as q3
+
+    rng = np.random.default_rng(1)
+    B, T, N, K, H = 2, 150, 4, 2, 16
+    q, k, v = (jnp.asarray(rng.normal(size=(B, T, n, H)), jnp.float32) for n in (N, K, K))
+    valid = jnp.asarray(np.arange(T)[None] < np.array([[T - 40], [T]]))
+    mask = q3.AttentionMask(valid, jnp.arange(T), jnp.arange(T))
+    np.testing.assert_allclose(q3.attention(q, k, v, mask, block),
+                               q3._attend(q, k, v, mask.dense()), atol=1e-5)
+    with pytest.raises(ConfigError, match="attention_block=0"):
+        ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=4, attention_block=0)

@@ -68,7 +68,9 @@ class ModelConfig:
     Runtime options: `param_dtype` (master weights), `dtype` (compute), `scan_layers`
     (`lax.scan` over the stacked layers instead of an unrolled loop: same params either way),
     `remat` (one of REMAT_POLICIES, applied per layer), `logprob_chunk` (tokens per chunk when
-    computing per-token logprobs without materialising `[B, T, V]`).
+    computing per-token logprobs without materialising `[B, T, V]`), `attention_block`
+    (queries per block when attention runs block by block: the `[B, N, block, S]` fp32 scores
+    of one block are what long sequences hold at a time).
     """
 
     vocab_size: int
@@ -94,6 +96,7 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"
     logprob_chunk: int = 512
+    attention_block: int = 512
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -101,6 +104,9 @@ class ModelConfig:
                               f"num_key_value_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for RoPE")
+        if self.attention_block < 1 or self.logprob_chunk < 1:
+            raise ConfigError(f"attention_block={self.attention_block} and logprob_chunk="
+                              f"{self.logprob_chunk} must be >= 1")
         if self.remat not in REMAT_POLICIES:
             raise ConfigError(f"remat={self.remat!r}: expected one of {REMAT_POLICIES}")
         rope_type = self.rope_type

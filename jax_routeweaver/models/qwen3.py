@@ -212,22 +212,23 @@ class AttentionMask(NamedTuple):
 
 
 ATTENTION_BLOCK = 512
-"""Queries per block when a sequence is longer: scores are `[B, N, block, S]` at a time
-(rematerialised in the backward pass) instead of `[B, N, T, S]`."""
+"""Default queries per block when a sequence is longer (`ModelConfig.attention_block`):
+scores are `[B, N, block, S]` at a time (rematerialised in the backward pass) instead of
+`[B, N, T, S]`."""
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask | jax.Array
-              ) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask | jax.Array,
+              block: int = ATTENTION_BLOCK) -> jax.Array:
     """Grouped-query attention. q `[B, T, N, H]`, k, v `[B, S, K, H]`, mask an
     `AttentionMask` (or a dense `[B, T, S]` bool). Query head n uses kv head n // (N/K), as
-    HF's `repeat_kv`. Softmax in fp32. Longer than `ATTENTION_BLOCK` queries, it runs block
-    by block under `jax.checkpoint`, so memory is linear in T for a fixed S."""
+    HF's `repeat_kv`. Softmax in fp32. Longer than `block` queries, it runs block by block
+    under `jax.checkpoint`, so memory is linear in T for a fixed S."""
     T = q.shape[1]
     if not isinstance(mask, AttentionMask):
         return _attend(q, k, v, mask)
-    if T <= ATTENTION_BLOCK:
+    if block >= T:
         return _attend(q, k, v, mask.dense())
-    blk = ATTENTION_BLOCK
+    blk = block
     pad = (-T) % blk
     qs = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
     # Padded queries get slot -1: they see no key, and are cut off below.
@@ -280,7 +281,7 @@ def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: 
         cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), at)
         k = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False).astype(dt)
         v = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False).astype(dt)
-    out = attention(q, k, v, mask)
+    out = attention(q, k, v, mask, cfg.attention_block)
     x = x + jnp.einsum("btnh,nhd->btd", out, p["o_proj"].astype(dt))
     h = rms_norm(x, p["mlp_norm"], eps)
     gate = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))

@@ -281,7 +281,8 @@ def plan_config(cfg: Any, arch: ModelConfig, target: Target, shape: StepShape, *
                          f"{len(devices)}")
     model = arch.replace(param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
                          scan_layers=cfg.model.scan_layers, remat=remat,
-                         logprob_chunk=cfg.model.logprob_chunk)
+                         logprob_chunk=cfg.model.logprob_chunk,
+                         attention_block=cfg.model.attention_block)
     return memory_plan(model, shape, mesh_shape=target.mesh,
                        devices=list(devices)[:target.devices], optim=cfg.optim,
                        loss=cfg.algo.loss, temperature=cfg.rollout.temperature)

@@ -39,6 +39,7 @@ class ModelSection:
     scan_layers: bool = True
     remat: Literal["none", "full", "dots", "dots_no_batch"] = "none"
     logprob_chunk: int = 1024
+    attention_block: int = 512
 
 
 @dataclasses.dataclass(frozen=True)
