@@ -139,6 +139,12 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="dotted overrides, e.g. optim.lr=1e-5 data.batch_size=16")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config (secrets redacted) and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and resolve the config, print devices, mesh, memory per "
+                        "device and endpoint reachability, and exit without training "
+                        "(exit 1 if a check fails)")
+    p.add_argument("--no-memory", action="store_true",
+                   help="with --dry-run: skip the compiled memory estimate")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -152,6 +158,14 @@ def _train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(redact_secrets(to_dict(cfg)), sort_keys=False), end="")
         return 0
+    if args.dry_run:
+        from rich.console import Console
+
+        from jax_routeweaver.rl.distributed import initialize
+        from jax_routeweaver.rl.dry_run import dry_run
+
+        initialize()
+        return 0 if dry_run(cfg, Console(), plan=not args.no_memory) else 1
     result = train(cfg)
     print(f"trained {result.last_step} steps -> {result.out_dir}")
     return 0

@@ -1,0 +1,166 @@
+"""`routeweaver train --dry-run`: what a config would run, checked, without training.
+
+:func:`dry_run` resolves the config and reports, on the machine it runs on:
+
+* the devices JAX sees (this host's and all hosts') and the mesh the config asks for;
+* the router's architecture (its HF ``config.json``, or the random-init fields);
+* the per-device memory of one update and one logprob pass, compiled for these devices with
+  abstract arrays (`rl.plan`) — on a TPU or GPU host this is the real compiler's analysis;
+* every endpoint the run would call: each worker of the channel file (``GET {base_url}
+  /models``) and an attached vLLM sidecar (``GET /health``); an API key named by a channel
+  must be set (its value is never printed or sent anywhere but that endpoint).
+
+Nothing is written and no worker is asked to generate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jax
+from rich.console import Console
+from rich.table import Table
+
+from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.sharding import make_mesh
+from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, latest_step
+from jax_routeweaver.rl.plan import GIB, HEADROOM, Target, config_shape, plan_config
+from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.routing.workers import load_channels
+
+QWEN3_VOCAB = 151_936
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One endpoint or precondition: ``ok``, and what was seen."""
+
+    what: str
+    target: str
+    ok: bool
+    detail: str
+
+
+def architecture(cfg: TrainConfig) -> tuple[ModelConfig, str]:
+    """The router's architecture and where it came from: the random-init fields (vocab: the
+    Qwen3 vocabulary unless set; a pruned tokenizer is smaller, so the estimate errs high),
+    ``model.path`` (init hf), an HF dir or orbax policy checkpoint given as ``init`` — or,
+    for a policy checkpoint not written yet (a later arm of a multi-arm run), the HF
+    directory given as ``model.tokenizer``."""
+    m = cfg.model
+    if m.init == "random":
+        return ModelConfig(**{"vocab_size": QWEN3_VOCAB, **m.random}), "model.random"
+    hf = Path(m.path) / "config.json"
+    if m.init == "hf":
+        source = hf
+    elif (Path(m.init) / "config.json").is_file():
+        source = Path(m.init) / "config.json"
+    elif latest_step(m.init) is not None:
+        ckpt = PolicyCheckpointer(m.init)
+        try:
+            return ckpt.read_config(), f"{m.init} (policy step {ckpt.latest_step()})"
+        finally:
+            ckpt.close()
+    elif (Path(m.tokenizer) / "config.json").is_file():
+        source = Path(m.tokenizer) / "config.json"
+        return ModelConfig.from_hf(source), f"{source} (model.init {m.init} has no step yet)"
+    else:
+        raise FileNotFoundError(f"model.init: {m.init} is neither an HF directory nor an orbax "
+                                "policy checkpoint with a step, and model.tokenizer has no "
+                                "config.json to plan from")
+    if not source.is_file():
+        raise FileNotFoundError(f"model.path: {source} not found")
+    return ModelConfig.from_hf(source), str(source)
+
+
+def endpoint_checks(cfg: TrainConfig, *, timeout_s: float = 5.0,
+                    env: dict[str, str] | None = None) -> list[Check]:
+    """Reachability of every endpoint the run calls (see the module docstring)."""
+    env = dict(os.environ) if env is None else env
+    checks = []
+    if cfg.workers.pool != "simulated":
+        channels = load_channels(cfg.workers.pool)
+        for c in channels.channels:
+            headers = {}
+            if c.api_key_env:
+                key = env.get(c.api_key_env)
+                if not key:
+                    checks.append(Check(c.worker, c.base_url, False,
+                                        f"environment variable {c.api_key_env} is not set"))
+                    continue
+                headers["Authorization"] = f"Bearer {key}"
+            checks.append(_get(c.worker, f"{c.base_url}/models", headers, timeout_s))
+    if cfg.rollout.sampler == "vllm" and cfg.rollout.vllm.url:
+        checks.append(_get("vllm sidecar", f"{cfg.rollout.vllm.url.rstrip('/')}/health", {},
+                           timeout_s))
+    return checks
+
+
+def _get(what: str, url: str, headers: dict[str, str], timeout_s: float) -> Check:
+    try:
+        r = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        return Check(what, url, False, f"unreachable ({type(e).__name__}: {e})")
+    return Check(what, url, r.status_code < 400, f"HTTP {r.status_code}")
+
+
+def dry_run(cfg: TrainConfig, console: Console, *, plan: bool = True,
+            timeout_s: float = 5.0) -> bool:
+    """Print what ``cfg`` would run here; returns whether every check passed."""
+    devices = jax.devices()
+    local = jax.local_devices()
+    console.print(f"devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}); "
+                  f"this host: process {jax.process_index()} of {jax.process_count()}, "
+                  f"{len(local)} local")
+    mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), devices)
+    shape = tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor"))
+    console.print(f"mesh (data, fsdp, tensor): {shape}")
+    arch, source = architecture(cfg)
+    console.print(f"router: {arch.num_layers} layers, hidden {arch.hidden_size}, vocab "
+                  f"{arch.vocab_size}, tied {arch.tie_word_embeddings} ({source}); params "
+                  f"{cfg.model.param_dtype}, compute {cfg.model.dtype}, remat {cfg.model.remat}")
+    console.print(f"run: {cfg.steps} steps x {cfg.data.batch_size} queries x "
+                  f"{cfg.data.group_size} rollouts, sampler {cfg.rollout.sampler}, workers "
+                  f"{cfg.workers.pool}, estimator {cfg.algo.estimator}, out_dir {cfg.out_dir}")
+    ok = True
+    if plan:
+        memory = _device_memory_gib(devices[0])
+        target = Target(f"{len(devices)} x {devices[0].device_kind}", len(devices),
+                        memory or 0.0, shape)
+        step = config_shape(cfg, rows_per_device=max(1, cfg.algo.loss.micro_batch_size
+                                                     // max(1, shape[0] * shape[1])))
+        p = plan_config(cfg, arch, target, step, devices=devices, remat=cfg.model.remat)
+        need = f"{p.peak / GIB:.1f} GiB per device (update {p.update.peak / GIB:.1f}, " \
+               f"logprobs {p.logprobs.peak / GIB:.1f})"
+        if memory:
+            fits = p.fits(memory)
+            ok &= fits
+            console.print(f"memory: {need} of {memory:.1f} GiB: "
+                          f"{'fits' if fits else 'DOES NOT FIT'} (with {HEADROOM:.0%} headroom)")
+        else:
+            console.print(f"memory: {need} (this backend reports no device memory limit)")
+    checks = endpoint_checks(cfg, timeout_s=timeout_s)
+    if checks:
+        table = Table("endpoint", "url", "ok", "detail")
+        for c in checks:
+            table.add_row(c.what, c.target, "yes" if c.ok else "NO", c.detail)
+        console.print(table)
+        ok &= all(c.ok for c in checks)
+    else:
+        console.print("endpoints: none (simulated workers, in-process sampler)")
+    console.print("dry run: all checks passed" if ok else "dry run: some checks FAILED")
+    return ok
+
+
+def _device_memory_gib(device: Any) -> float | None:
+    """The device's memory limit in GiB from its allocator, None where unknown (CPU)."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # backends without allocator stats raise
+        return None
+    limit = stats.get("bytes_limit")
+    return limit / GIB if limit else None

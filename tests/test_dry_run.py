@@ -1,0 +1,95 @@
+"""`routeweaver train --dry-run`: devices, mesh, compiled memory and endpoint reachability over
+real HTTP, without training or writing anything."""
+
+import http.server
+import io
+import socket
+import threading
+from typing import ClassVar
+
+import pytest
+import yaml
+from rich.console import Console
+
+from jax_routeweaver.cli import main
+from jax_routeweaver.rl.dry_run import dry_run, endpoint_checks
+from jax_routeweaver.rl.train_config import load_train_config
+
+# 5 queries x 8 rollouts = 40 rows: micro-batches of 8 split over the 8 test devices.
+EIGHT_DEVICES = ["data.group_size=8", "algo.loss.micro_batch_size=8"]
+
+
+class _Models(http.server.BaseHTTPRequestHandler):
+    seen_auth: ClassVar[list] = []
+
+    def do_GET(self):
+        _Models.seen_auth.append(self.headers.get("Authorization"))
+        ok = self.path.endswith("/models") or self.path == "/health"
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), _Models)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def channel_file(tmp_path, base_up: str) -> str:
+    entry = lambda url, **kw: {"description": "a worker", "base_url": url, "model": "m",
+                               "timeout_s": 5, **kw}
+    path = tmp_path / "channels.yaml"
+    path.write_text(yaml.safe_dump({"workers": {
+        "worker_1": entry(f"{base_up}/v1"),
+        "worker_2": entry(f"http://127.0.0.1:{closed_port()}/v1"),
+        "worker_3": entry(f"{base_up}/v1", api_key_env="RW_TEST_KEY")}}))
+    return str(path)
+
+
+def test_dry_run_of_the_quickstart_on_the_test_mesh(devices, tmp_path):
+    cfg = load_train_config("configs/quickstart.yaml",
+                            [*EIGHT_DEVICES, f"out_dir={tmp_path / 'run'}"])
+    out = io.StringIO()
+    assert dry_run(cfg, Console(file=out, width=200)) is True
+    text = out.getvalue()
+    assert "devices: 8 x cpu" in text and "mesh (data, fsdp, tensor): (1, 8, 1)" in text
+    assert "2 layers, hidden 64" in text and "GiB per device (update" in text
+    assert "endpoints: none" in text and "all checks passed" in text
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_endpoints_are_checked_over_http_with_keys_from_the_environment(server, tmp_path):
+    cfg = load_train_config("configs/quickstart.yaml",
+                            [f"workers.pool={channel_file(tmp_path, server)}",
+                             "rollout.sampler=vllm", f"rollout.vllm.url={server}"])
+    _Models.seen_auth.clear()
+    checks = {c.what: c for c in endpoint_checks(cfg, env={"RW_TEST_KEY": "sk-test"})}
+    assert checks["worker_1"].ok and checks["worker_1"].detail == "HTTP 200"
+    assert not checks["worker_2"].ok and "unreachable" in checks["worker_2"].detail
+    assert checks["worker_3"].ok and "Bearer sk-test" in _Models.seen_auth
+    assert checks["vllm sidecar"].ok and checks["vllm sidecar"].target == f"{server}/health"
+    missing = {c.what: c for c in endpoint_checks(cfg, env={})}
+    assert not missing["worker_3"].ok
+    assert missing["worker_3"].detail == "environment variable RW_TEST_KEY is not set"
+
+
+def test_dry_run_command_fails_on_an_unreachable_worker(server, tmp_path, capsys, devices):
+    pool = channel_file(tmp_path, server)
+    code = main(["train", "--config", "configs/quickstart.yaml", *EIGHT_DEVICES,
+                 f"workers.pool={pool}", "--dry-run", "--no-memory"])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "some checks FAILED" in out and "sk-" not in out
