@@ -2,6 +2,7 @@
 selection, retention, tokenizer copy and clear errors."""
 
 import json
+import os
 import re
 import shutil
 
@@ -285,3 +286,25 @@ def test_train_state_round_trips_with_optimizer_and_shardings(tmp_path, devices)
     other = {**template, "params": nnx.state(make_model(hidden_size=32), nnx.Param)}
     with StateCheckpointer(tmp_path / "state") as ckpt, pytest.raises(CheckpointError):
         ckpt.restore(other)
+
+
+def test_a_step_written_on_8_devices_reads_in_a_1_device_process(tmp_path, devices):
+    """What the vLLM worker extension does: `read_step` in a process whose JAX has another
+    device count than the trainer that wrote the step (orbax would reuse the saved mesh)."""
+    import subprocess
+    import sys
+
+    model = shard_model(make_model(seed=3), make_mesh((1, 8, 1)))
+    save_policy(model, tmp_path, 5)
+    script = ("import sys, numpy as np; from jax_routeweaver.models.policy_step import "
+              "read_step; cfg, a = read_step(sys.argv[1]); "
+              "np.savez(sys.argv[2], **{'.'.join(k): v for k, v in a.items()})")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = tmp_path / "read.npz"
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "5"), str(out)],
+                         env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    read = np.load(out)
+    for path, value in flat_params(model).items():
+        assert read[".".join(path)].tobytes() == np.asarray(value).tobytes(), path

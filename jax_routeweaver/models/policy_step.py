@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from jax_routeweaver.models.config import ModelConfig
@@ -71,7 +72,13 @@ def read_step(step_dir: str | Path) -> tuple[ModelConfig, dict[tuple[str, ...], 
     try:
         cfg = config_from_json(json.loads(meta.read_text()), str(meta))
         with ocp.StandardCheckpointer() as ckptr:
-            tree = ckptr.restore(step_dir / PARAMS_ITEM)
+            # Onto this process's first CPU device, whatever mesh wrote the step: a reader
+            # (the vLLM worker extension) rarely has the trainer's device count.
+            cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+            saved = ckptr.metadata(step_dir / PARAMS_ITEM).item_metadata
+            target = jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), saved)
+            tree = ckptr.restore(step_dir / PARAMS_ITEM, target)
     except (OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{step_dir}: unreadable ({first_line(e)})") from e
     return cfg, {path: np.asarray(leaf) for path, leaf in flatten(tree).items()}

@@ -143,9 +143,11 @@ class VllmServer:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        # JAX in the server only reads policy steps into host arrays (the worker extension):
+        # on CPU, so it never claims the GPU vLLM serves from.
         env.update(VLLM_CACHE_ROOT=str(self.work_dir / "cache"), HF_HUB_OFFLINE="1",
                    VLLM_NO_USAGE_STATS="1", VLLM_SERVER_DEV_MODE="1",
-                   VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib))
+                   VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib), JAX_PLATFORMS="cpu")
         return env
 
     def start(self) -> float:
