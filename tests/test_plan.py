@@ -1,6 +1,7 @@
 """The memory plan (`routeweaver plan`): compiled per-device memory on fake CPU devices, and the
 optimizer-state placement it exposed (Adam moments must be sharded like their parameters)."""
 
+import functools
 import json
 
 import jax
@@ -16,7 +17,7 @@ from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rl.plan import GIB, StepShape, memory_plan
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
 
-PLAN_CFG = CFG.replace(vocab_size=512, num_layers=4)
+PLAN_CFG = CFG.replace(vocab_size=512, num_layers=3)
 
 
 def moments_and_params(trainer: Trainer):
@@ -43,14 +44,14 @@ def test_optimizer_moments_are_sharded_like_their_parameters(devices):
         trainer.update(**random_batch(n=8))
 
 
-def plan(length=512, *, remat="none", devices=None, mesh=(1, 8, 1), rows_per_device=1,
-         support_queries=0, layers_cfg=PLAN_CFG):
-    devices = devices or jax.devices()
-    return memory_plan(layers_cfg.replace(remat=remat),
+@functools.cache
+def plan(length=512, *, remat="none", mesh=(1, 8, 1), rows_per_device=1, support_queries=0):
+    """A compiled plan (cached: each configuration compiles once per session)."""
+    return memory_plan(PLAN_CFG.replace(remat=remat),
                        StepShape(rows=16, length=length, policy_tokens=length // 4,
                                  rows_per_device=rows_per_device,
                                  support_queries=support_queries, support_length=128),
-                       mesh_shape=mesh, devices=devices[:int(np.prod(mesh))],
+                       mesh_shape=mesh, devices=jax.devices()[:int(np.prod(mesh))],
                        optim=OptimConfig(), loss=LossConfig())
 
 
@@ -76,10 +77,10 @@ def test_state_bytes_per_device_follow_the_shardings(devices):
 
 
 def test_activation_memory_grows_with_length_and_remat_saves_it(devices):
-    short, long = plan(256), plan(2048)
+    short, long = plan(512), plan(1024)
     assert long.update.temporaries > short.update.temporaries
     assert long.logprobs.temporaries > short.logprobs.temporaries
-    full = plan(2048, remat="full")
+    full = plan(1024, remat="full")
     assert full.update.temporaries < long.update.temporaries
     # Remat changes what the backward keeps, not the forward-only logprob pass's arguments.
     assert full.logprobs.arguments == long.logprobs.arguments
