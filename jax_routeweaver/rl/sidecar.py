@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 
 from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
+from jax_routeweaver.rl.distributed import to_host
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.sampling.vllm_sidecar import ServerConfig, VllmServer, VllmSidecarSampler
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
@@ -68,7 +68,7 @@ class Sidecar:
         tokens = jnp.asarray([self.probe_ids])
         logp = token_logprobs(model, tokens, jnp.arange(tokens.shape[1])[None],
                               jnp.ones_like(tokens, bool))
-        probe = (self.probe_ids, np.asarray(logp[0, 1:]))
+        probe = (self.probe_ids, to_host(logp)[0, 1:])
         timings = self.sampler.sync_policy_step(step_dir, version, atol=self.atol,
                                                 expected=model_checksums(model), probe=probe,
                                                 transport=self.transport)

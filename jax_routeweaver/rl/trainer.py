@@ -185,8 +185,8 @@ class Trainer:
         """A trainer over abstract arrays, to compile and analyse (``lower_update``,
         ``lower_logprobs``), never to run. ``params``: the policy's ``nnx.State`` of
         ``jax.ShapeDtypeStruct`` carrying their shardings (``reference``: the frozen copy's,
-        default the same). The optimizer state gets the shardings ``jit(tx.init)`` gives it,
-        as in :meth:`__init__`."""
+        default the same). Adam's moments get their parameter's sharding, as in
+        :meth:`__init__`."""
         self = cls.__new__(cls)
         self._configure(graphdef, optim, loss, temperature, mesh, rules)
         self.ref_params = params if reference is None else reference
