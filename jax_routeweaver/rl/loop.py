@@ -329,6 +329,8 @@ class _Run:
                 self.console.print(f"step {step}: the vLLM sidecar failed ({e}); restarting "
                                    "it and running the rollout again")
         times["time/rollout_s"] = time.perf_counter() - t0
+        if self.sidecar is not None:
+            self.sidecar.release()  # time-shared placement: the update gets its memory
 
         t = time.perf_counter()
         # GRPO groups are consecutive rows: each must be one query (Router-R1's uid pitfall).

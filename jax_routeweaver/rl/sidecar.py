@@ -37,7 +37,7 @@ class Sidecar:
 
     def __init__(self, cfg: TrainConfig, model: Qwen3, tokenizer: Any, out: Path):
         v = cfg.rollout.vllm
-        self.atol, self.transport = v.probe_atol, v.transport
+        self.atol, self.transport, self.sleep_level = v.probe_atol, v.transport, v.sleep_level
         self.exports = out / "sidecar" / "hf_steps"
         self.server: VllmServer | None = None
         if v.url:
@@ -77,6 +77,11 @@ class Sidecar:
                 if old.name != str(version):
                     shutil.rmtree(old)
         return timings | extra | {"sync/restarts": float(self.sampler.restarts)}
+
+    def release(self) -> None:
+        """After the rollout: free the server's memory for the update (``sleep_level``)."""
+        if self.sleep_level:
+            self.sampler.sleep(self.sleep_level)
 
     def close(self) -> None:
         self.sampler.close()

