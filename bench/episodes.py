@@ -7,15 +7,19 @@ trajectory (parsing, prompts, framing, tokenising). The policy is a scripted sta
 of the episodes each single / multi / agentic) so the sampler costs almost nothing; never fails.
 
     .venv/bin/python bench/episodes.py [--queries 32 --repeats 8 --latency 0.2]
+
+With `--json PATH` it also writes the measures and the ratio as JSON (`suite.write_bench_json`).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from suite import write_bench_json
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.routing.episode import EpisodeStats, run_episodes
@@ -69,6 +73,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--latency", type=float, default=0.2)
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = ap.parse_args()
     tok = build_qwen3_tokenizer()
     tasks = synthetic_tasks(args.queries, seed=0)
@@ -94,6 +99,17 @@ def main() -> None:
     table.add_row("env CPU per trajectory", f"{1000 * stats.env_cpu_s / len(trajs):.2f} ms")
     table.add_row("rounds", str(stats.rounds))
     Console().print(table)
+    if args.json:
+        row = dict(episodes=len(trajs), answered=answered, worker_calls=calls,
+                   latency_s=args.latency, bound_s=bound, wall_s=wall, wall_over_bound=wall / bound,
+                   sampler_s=stats.sampler_s, worker_waits_s=stats.workers_s,
+                   env_cpu_ms_per_trajectory=1000 * stats.env_cpu_s / len(trajs),
+                   rounds=stats.rounds)
+        write_bench_json(
+            args.json, "episodes", "critical-path bound: (dispatch rounds of the longest episode) "
+            "x worker latency L, what a perfectly concurrent runner needs",
+            [row], {"wall_over_bound": wall / bound},
+            config={k: v for k, v in vars(args).items() if k != "json"})
 
 
 if __name__ == "__main__":

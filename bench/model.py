@@ -6,6 +6,8 @@ Prints, never fails:
   2. greedy decode tokens/s of `JaxSampler` vs `transformers.generate` (greedy, KV cache).
 
     .venv/bin/python bench/model.py [--layers 4 --hidden 256 --vocab 32000 --batch 8 --seq 256]
+
+With `--json PATH` it also writes the two rows and ratios as JSON (`suite.write_bench_json`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from flax import nnx
 from rich.console import Console
 from rich.table import Table
+from suite import write_bench_json
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from jax_routeweaver.models.hf import load_hf
@@ -100,6 +103,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
@@ -119,6 +123,7 @@ def main() -> None:
                   f"{torch.get_num_threads()} threads; config: layers={args.layers} "
                   f"hidden={args.hidden} vocab={args.vocab}")
     table = Table("benchmark", "shape", "ours", "transformers (torch eager)", "ratio ours/ref")
+    rows = []
 
     hf_model.train()
     t_jax, t_torch = train_step_bench(hf_model, model, args.batch, args.seq, args.repeats)
@@ -126,6 +131,9 @@ def main() -> None:
     table.add_row("forward+backward", f"B={args.batch} T={args.seq}",
                   f"{tokens / t_jax:,.0f} tok/s", f"{tokens / t_torch:,.0f} tok/s",
                   f"{t_torch / t_jax:.2f}x")
+    rows.append(dict(benchmark="forward+backward", batch=args.batch, seq=args.seq,
+                     ours_tok_s=tokens / t_jax, transformers_tok_s=tokens / t_torch,
+                     ratio_ours_over_ref=t_torch / t_jax))
 
     hf_model.eval()
     t_jax, t_torch = decode_bench(hf_model, model, args.batch, args.prompt, args.new_tokens,
@@ -134,7 +142,17 @@ def main() -> None:
     table.add_row("greedy decode", f"B={args.batch} prompt={args.prompt} new={args.new_tokens}",
                   f"{tokens / t_jax:,.0f} tok/s", f"{tokens / t_torch:,.0f} tok/s",
                   f"{t_torch / t_jax:.2f}x")
+    rows.append(dict(benchmark="greedy decode (JaxSampler vs generate)", batch=args.batch,
+                     prompt=args.prompt, new_tokens=args.new_tokens, ours_tok_s=tokens / t_jax,
+                     transformers_tok_s=tokens / t_torch, ratio_ours_over_ref=t_torch / t_jax))
     console.print(table)
+    if args.json:
+        write_bench_json(
+            args.json, "model", "transformers Qwen3ForCausalLM (torch eager, fp32), same random "
+            "weights: forward+backward with its cross-entropy loss; greedy `generate`, KV cache",
+            rows, {"forward_backward_ours_over_transformers": rows[0]["ratio_ours_over_ref"],
+                   "greedy_decode_ours_over_transformers": rows[1]["ratio_ours_over_ref"]},
+            config={k: v for k, v in vars(args).items() if k != "json"})
 
 
 if __name__ == "__main__":

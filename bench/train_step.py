@@ -19,6 +19,9 @@ That step doubles as the warm-up (compile); then the median of `--repeats` steps
 
     .venv/bin/python bench/train_step.py [--layers 4 --hidden 256 --vocab 32000 --batch 8
                                           --seq 256 --repeats 5]
+
+With `--json PATH` it also writes both tables and the ratio as JSON (`suite.write_bench_json`);
+nothing is written when the first-step check fails.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from suite import write_bench_json
 from tiny_models import make_hf_model
 
 TEMPERATURE = 0.8
@@ -156,6 +160,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
 
@@ -208,6 +213,27 @@ def main() -> None:
     console.print(table)
     console.print(f"ratio ours/torch (tokens/s): {t_torch / t_ours:.2f}x "
                   f"(median of {args.repeats} steps after one warm-up step)")
+    if args.json:
+        check_table, speed_table = "first step (ours vs torch)", "train step throughput"
+        rows = [
+            dict(table=check_table, measure="loss", ours=o_loss, torch=t_loss,
+                 rel_diff=rel(o_loss, t_loss)),
+            dict(table=check_table, measure="grad norm (pre-clip)", ours=o_norm, torch=t_norm,
+                 rel_diff=rel(o_norm, t_norm)),
+            dict(table=check_table, measure="logprob |Δ| mean",
+                 abs_diff=metrics["logprob/sampler_gap_mean"]),
+            dict(table=check_table, measure="logprob |Δ| max",
+                 abs_diff=metrics["logprob/sampler_gap_max"]),
+            dict(table=speed_table, side="ours (jitted Trainer.update)", tok_s=tokens / t_ours,
+                 step_ms=1e3 * t_ours),
+            dict(table=speed_table, side="torch eager + transformers", tok_s=tokens / t_torch,
+                 step_ms=1e3 * t_torch),
+        ]
+        write_bench_json(
+            args.json, "train_step", "a torch eager + transformers step computing the same loss "
+            "(PPO dual clip, segment reduction, k3 KL), clip and AdamW on the same weights",
+            rows, {"train_step_ours_over_torch": t_torch / t_ours},
+            config={k: v for k, v in vars(args).items() if k != "json"})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ Then greedy decode tokens/s of `VllmSidecarSampler` vs `JaxSampler` on the tiny 
 and 32 (64 new tokens, after a warm-up call).
 
     .venv/bin/python bench/weight_sync.py [--sizes tiny mid 0.6b]
+
+With `--json PATH` it also writes both tables and their ratios as JSON (`suite.write_bench_json`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from suite import write_bench_json  # noqa: E402
 
 from jax_routeweaver.models.config import ModelConfig  # noqa: E402
 from jax_routeweaver.models.hf import save_hf  # noqa: E402
@@ -152,6 +155,7 @@ def decode_case(tokenizer, work: Path) -> list[tuple[int, float, float]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args()
     console = Console()
     console.print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cpus")
@@ -162,12 +166,18 @@ def main() -> None:
         for col in ("model", "MiB", "write s", "load s", "verify s", "sync s", "floor s",
                     "ratio sync/floor"):
             table.add_column(col, justify="right")
+        rows, ratios = [], {}
         for shape in args.sizes:
             r = sync_case(shape, tokenizer, work, console)
             sync_s = r["write_s"] + r["load_s"] + r["verify_s"]
             table.add_row(shape, f"{r['bytes'] / 2**20:.0f}", f"{r['write_s']:.2f}",
                           f"{r['load_s']:.2f}", f"{r['verify_s']:.2f}", f"{sync_s:.2f}",
                           f"{r['floor_s']:.2f}", f"{sync_s / r['floor_s']:.1f}x")
+            rows.append(dict(table=table.title, model=shape, mib=r["bytes"] / 2**20,
+                             write_s=r["write_s"], load_s=r["load_s"], verify_s=r["verify_s"],
+                             sync_s=sync_s, floor_s=r["floor_s"],
+                             ratio_sync_over_floor=sync_s / r["floor_s"]))
+            ratios[f"sync_over_floor_{shape}"] = sync_s / r["floor_s"]
         console.print(table)
         decode = Table(title="greedy decode tokens/s, tiny model, 64 new tokens")
         for col in ("batch", "JaxSampler", "vLLM sidecar", "ratio sidecar/jax"):
@@ -175,7 +185,15 @@ def main() -> None:
         for batch, jax_tps, vllm_tps in decode_case(tokenizer, work):
             decode.add_row(str(batch), f"{jax_tps:.0f}", f"{vllm_tps:.0f}",
                            f"{vllm_tps / jax_tps:.2f}x")
+            rows.append(dict(table=decode.title, batch=batch, jax_sampler_tok_s=jax_tps,
+                             sidecar_tok_s=vllm_tps, ratio_sidecar_over_jax=vllm_tps / jax_tps))
+            ratios[f"decode_sidecar_over_jax_batch{batch}"] = vllm_tps / jax_tps
         console.print(decode)
+    if args.json:
+        write_bench_json(
+            args.json, "weight_sync", "sync: this machine writing the same bytes once (fsync) "
+            "and reading them back once; decode: JaxSampler on the same tiny model",
+            rows, ratios, config={"sizes": args.sizes})
 
 
 if __name__ == "__main__":
