@@ -249,8 +249,9 @@ def _plan(args: argparse.Namespace) -> int:
                   f"{cfg.model.param_dtype}, compute {cfg.model.dtype}")
     table = Table("target", "mesh", "remat", "params", "optimizer", "reference",
                   "update peak", "logprob peak", "need / have (GiB)", "fits",
-                  title=f"per-device memory (XLA:CPU estimate; fits = under "
-                        f"{1 - HEADROOM:.0%} of device memory)")
+                  title=f"per-device memory (XLA:CPU estimate; need = max(update + reference, "
+                        f"logprobs + params + optimizer); fits = under {1 - HEADROOM:.0%} of "
+                        "device memory)")
     rows = []
 
     def gib(b: int) -> str:

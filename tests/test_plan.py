@@ -72,7 +72,10 @@ def test_state_bytes_per_device_follow_the_shardings(devices):
     assert 2 * eight.params <= eight.optimizer < 2 * eight.params + 1024
     # The step donates its state: the outputs reuse (nearly all) the params + optimizer.
     assert eight.update.aliased >= 0.95 * (eight.params + eight.optimizer)
-    assert eight.peak == max(eight.update.peak, eight.logprobs.peak)
+    # Beside each program stays what it does not take: the reference during the update, the
+    # policy and its optimizer state during the reference pass.
+    assert eight.peak == max(eight.update.peak + eight.reference,
+                             eight.logprobs.peak + eight.params + eight.optimizer)
     assert one.update.arguments > 6 * eight.update.arguments  # the state really is divided
 
 
@@ -124,3 +127,20 @@ def test_plan_command(tmp_path, capsys, devices):
     assert main(["plan", "--config", "configs/quickstart.yaml", "--arch", str(arch),
                  "--target", "v6e-1"]) == 2
     assert "--target 'v6e-1'" in capsys.readouterr().err
+
+
+def test_the_update_compiles_once_across_steps(devices):
+    """Step count and RNG are born where the update returns them: the second step reuses
+    the first step's executable instead of compiling the whole update again."""
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **kw: compiles.append(name)
+        if name == "/jax/core/compile/backend_compile_duration" else None)
+    mesh = make_mesh((1, 8, 1))
+    trainer = Trainer(model(mesh=mesh), OptimConfig(), LossConfig(micro_batch_size=8), mesh=mesh)
+    batch = random_batch(n=8)
+    trainer.update(**batch)
+    first = len(compiles)
+    trainer.update(**batch)
+    trainer.update(**batch)
+    assert first > 0 and len(compiles) == first, (first, len(compiles))

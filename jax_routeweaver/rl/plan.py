@@ -12,7 +12,9 @@ It then reads XLA's memory analysis of the partitioned (per-device) programs: ar
 (params, optimizer state, reference params, batch), outputs, the bytes outputs alias from
 donated arguments, and temporaries (activations under the remat policy, gradient
 accumulators, logit chunks, attention blocks). Per device, a program needs about
-``arguments + outputs − aliased + temporaries``; the plan's peak is the larger program's.
+``arguments + outputs − aliased + temporaries``, plus what stays resident while it runs:
+the frozen reference during the update, the policy and its optimizer state during the
+reference's logprob pass. The plan's peak is the larger of the two.
 
 These are XLA:CPU's buffer assignments of the same SPMD program. TPU and GPU compilers fuse
 and schedule differently (and XLA:CPU may keep fp32 copies where a TPU computes in bf16), so
@@ -117,7 +119,9 @@ class ProgramMemory:
 class MemoryPlan:
     """One planned configuration. ``params`` / ``optimizer`` / ``reference``: bytes per
     device of the train state's parts (from their shardings); ``update`` / ``logprobs``: the
-    two programs; ``peak``: the larger program's need."""
+    two programs; ``peak``: the larger need, each program with what stays resident beside
+    it (the reference during the update; the policy and optimizer state during the
+    reference pass)."""
 
     mesh: tuple[int, int, int]
     remat: str
@@ -132,7 +136,8 @@ class MemoryPlan:
 
     @property
     def peak(self) -> int:
-        return max(self.update.peak, self.logprobs.peak)
+        return max(self.update.peak + self.reference,
+                   self.logprobs.peak + self.params + self.optimizer)
 
     def fits(self, memory_gib: float, headroom: float = HEADROOM) -> bool:
         return self.peak <= memory_gib * GIB * (1.0 - headroom)

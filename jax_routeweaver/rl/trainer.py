@@ -175,8 +175,12 @@ class Trainer:
         # Moments are born with their parameter's sharding: plain jit(tx.init) would put
         # the zeros on one device (they do not depend on the input's placement).
         opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings(params))(params)
-        self.state = TrainState(params, opt_state, jnp.zeros((), jnp.int32),
-                                jax.random.key_data(jax.random.key(seed)))
+        step, rng = jnp.zeros((), jnp.int32), jax.random.key_data(jax.random.key(seed))
+        if mesh is not None:
+            # Placed as the update returns them (replicated): left on one device, the second
+            # update would see new input shardings and compile the whole step again.
+            step, rng = jax.device_put((step, rng), NamedSharding(mesh, P()))
+        self.state = TrainState(params, opt_state, step, rng)
 
     @classmethod
     def for_shapes(cls, graphdef: Any, params: Any, optim: OptimConfig, loss: LossConfig, *,
