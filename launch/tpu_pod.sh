@@ -26,7 +26,8 @@ Options (environment variable in brackets):
   --zone ZONE         its zone [TPU_ZONE] (required)
   --project ID        its project [TPU_PROJECT] (default: gcloud config's project)
   --config FILE       YAML config inside this repository [CONFIG] (required for train)
-  --out-dir URL       run directory: gs://BUCKET/PATH, written by all workers (orbax) and by
+  --out-dir PATH      run directory on a filesystem every worker mounts at the same path (a
+                      gcsfuse-mounted bucket, Filestore), written by all workers (orbax) and by
                       process 0 (logs, plots, HF exports) [OUT_DIR] (required for train)
   --sync MODE         copy (tracked + untracked, non-ignored files of this checkout), clone
                       (git clone REPO_URL at GIT_REF on the workers) or none [SYNC] (default copy)
@@ -60,14 +61,13 @@ Environment only:
   JAX_TPU_SPEC   pip requirement for the TPU jax (default jax[tpu]==<jax pin of cpu.lock>)
   TORCH_INDEX_URL  extra pip index for the lock's torch==...+cpu
                  (default https://download.pytorch.org/whl/cpu)
-  ALLOW_LOCAL_OUT_DIR=1  accept an OUT_DIR that is not gs:// (a path every worker mounts)
   LOG_LINES      lines shown by 'logs' (default 40)
 
 Examples:
   $PROG run --name rw-v5e16 --zone us-west4-a --config configs/my_run.yaml \\
-      --out-dir gs://my-bucket/runs/my_run model.path=../models/Qwen3-4B-Instruct-2507
+      --out-dir /mnt/runs/my_run model.path=../models/Qwen3-4B-Instruct-2507
   DRY_RUN=1 $PROG train --name rw-v5e16 --zone us-west4-a --config configs/my_run.yaml \\
-      --out-dir gs://my-bucket/runs/my_run
+      --out-dir /mnt/runs/my_run
 EOF
 }
 
@@ -99,7 +99,6 @@ STAGE=${STAGE:-}
 REMOTE_PYTHON=${REMOTE_PYTHON:-python3.11}
 JAX_TPU_SPEC=${JAX_TPU_SPEC:-}
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
-ALLOW_LOCAL_OUT_DIR=${ALLOW_LOCAL_OUT_DIR:-0}
 LOG_LINES=${LOG_LINES:-40}
 OVERRIDES=()
 
@@ -387,21 +386,17 @@ do_install() {
 
 do_train() {
   require CONFIG "the YAML config (--config or env CONFIG)"
-  require OUT_DIR "the run directory, gs://BUCKET/PATH (--out-dir or env OUT_DIR)"
+  require OUT_DIR "the run directory, a path every worker mounts (--out-dir or env OUT_DIR)"
   local abs rel sha
   [[ -f $CONFIG ]] || die "CONFIG=$CONFIG: no such file"
   abs=$(realpath "$CONFIG")
   [[ $abs == "$REPO_DIR"/* ]] || die "CONFIG=$CONFIG is outside the repository; it must be synced to the workers with the code"
   rel=${abs#"$REPO_DIR"/}
   sha=$(sha256sum "$abs" | cut -d' ' -f1)
-  if [[ $OUT_DIR == gs://* ]]; then
-    local bucket=${OUT_DIR#gs://}
-    bucket=${bucket%%/*}
-    gcloud storage buckets describe "gs://$bucket" --format='value(name)' >/dev/null 2>&1 \
-      || die "bucket gs://$bucket is missing or not readable by your account (this script creates none: gcloud storage buckets create gs://$bucket --location=REGION)"
-  elif [[ $ALLOW_LOCAL_OUT_DIR != 1 ]]; then
-    die "OUT_DIR=$OUT_DIR is not gs://...: every worker writes checkpoints there (set ALLOW_LOCAL_OUT_DIR=1 for a path all workers mount)"
-  fi
+  # routeweaver train writes out_dir with local file APIs (config, logs, tokenizer, exports the
+  # vLLM sidecar reads): a gs:// URL would become a local directory named "gs:".
+  [[ $OUT_DIR == gs://* ]] && die "OUT_DIR=$OUT_DIR: routeweaver train needs a filesystem path every worker mounts (mount the bucket with gcsfuse at the same path on all workers, or use Filestore), not a gs:// URL"
+  [[ $OUT_DIR == /* ]] || die "OUT_DIR=$OUT_DIR must be an absolute path (the same on every worker)"
   local name pair
   for name in $FORWARD_ENV; do
     [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "FORWARD_ENV entry '$name' is not a variable name"

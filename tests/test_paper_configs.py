@@ -86,24 +86,26 @@ def test_cold_arm_is_fully_forced_gated_grpo_without_support():
 @pytest.mark.parametrize("name", [*MAIN, "wo_comet"])
 def test_main_arms_continue_the_cold_arm_on_the_global_schedule(name):
     cold, cfg = load("cold_start"), load(name)
-    # Started from the cold arm's last policy step; the two arms make the reference's 90 steps.
-    assert cfg.model.init == f"{cold.out_dir}/checkpoints/policy" and cfg.model.path == ""
-    assert cold.steps + cfg.steps == TOTAL_STEPS
-    assert cfg.data.source.endswith("routeweaver_train.b25.parquet")
+    # The cold arm's whole step-25 state (params, optimizer, step), its last full save.
+    assert cfg.checkpoint.init_from == f"{cold.out_dir}/checkpoints/state"
+    assert cold.steps % cold.checkpoint.full_every == 0 or cold.checkpoint.full_every >= cold.steps
+    # The KL reference is the base model (verl's ref = the base actor), as the cold arm's.
+    assert cfg.model.init == "hf" and cfg.model.path == cold.model.path
+    assert cfg.steps == TOTAL_STEPS and cfg.data.source.endswith("routeweaver_train.parquet")
     assert cfg.algo.support and cfg.algo.exploration.support_lambda0 == 0.002
-    # Local batch b' is global b' + 25: ρ and λ equal the reference's at every global index.
+    # Batch indices continue from the cold arm's 25: the reference schedule itself.
     ex = cfg.algo.exploration
-    for local in range(cfg.steps):
-        b = local + COLD_STEPS
-        assert forced_ratio(local, ex) == pytest.approx(forced_ratio(b, REFERENCE_SCHEDULE))
-        assert support_lambda(local, ex) == pytest.approx(support_lambda(b, REFERENCE_SCHEDULE))
+    assert (ex.forced_start_batch, ex.forced_anneal_steps) == (25, 50)
+    for b in range(COLD_STEPS, TOTAL_STEPS):
+        assert forced_ratio(b, ex) == pytest.approx(forced_ratio(b, REFERENCE_SCHEDULE))
+        assert support_lambda(b, ex) == pytest.approx(support_lambda(b, REFERENCE_SCHEDULE))
     # Steps 26-75 (b = 25…74) anneal 1 -> 0.02; steps 76-90 (b = 75…89) are free.
-    assert forced_ratio(0, ex) == 1.0
-    assert forced_ratio(74 - COLD_STEPS, ex) == pytest.approx(0.02)
-    assert forced_ratio(75 - COLD_STEPS, ex) == 0.0
-    # Full saves at local 25, 50 and the end = global 50, 75, 90 (§7.2), all kept.
+    assert forced_ratio(25, ex) == 1.0
+    assert forced_ratio(74, ex) == pytest.approx(0.02)
+    assert forced_ratio(75, ex) == 0.0
+    # Full saves at global 50, 75 and the end, 90 (§7.2), all kept.
     every = cfg.checkpoint.full_every
-    saves = {s + COLD_STEPS for s in range(1, cfg.steps + 1) if s % every == 0 or s == cfg.steps}
+    saves = {s for s in range(COLD_STEPS + 1, cfg.steps + 1) if s % every == 0 or s == cfg.steps}
     assert saves == {50, 75, 90} and cfg.checkpoint.keep_full >= len(saves)
 
 

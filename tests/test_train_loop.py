@@ -3,6 +3,7 @@ files a run leaves, and exact resume after SIGKILL."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,6 +97,20 @@ def test_sigkill_mid_run_then_resume_repeats_the_uninterrupted_run(tmp_path):
     resumed = read_metrics(killed / "metrics.jsonl")
     assert comparable(resumed) == comparable(expected)
 
+    # checkpoint.init_from: a fresh run started from the whole run's step-2 state (params,
+    # optimizer, step; data from batch 2) repeats that run's steps 3 and 4 exactly, as the
+    # reference's main arm continues its cold arm.
+    source = tmp_path / "cold_state"
+    shutil.copytree(whole / "checkpoints" / "state", source)
+    shutil.rmtree(source / "4")
+    arm = tmp_path / "arm"
+    subprocess.run(train_cmd(arm, f"checkpoint.init_from={source}"), check=True, env=env,
+                   capture_output=True, timeout=900)
+    continued = read_metrics(arm / "metrics.jsonl")
+    assert [r["step"] for r in continued] == [3, 4]
+    assert [r["curriculum/batch_index"] for r in continued] == [2.0, 3.0]
+    assert comparable(continued) == comparable(expected[2:])
+
     # What a run leaves behind.
     for name in ("config.yaml", "metrics.jsonl", "reward.png", "mode_shares.png", "run.json"):
         assert (whole / name).is_file(), name
@@ -109,3 +124,9 @@ def test_sigkill_mid_run_then_resume_repeats_the_uninterrupted_run(tmp_path):
     assert expected[0]["curriculum/forced_share"] == 1.0
     assert last["logprob/sampler_gap_max"] < 1e-3
     assert last["adv/identity_error"] < 1e-5
+
+
+def test_out_dir_url_is_a_config_error(capsys):
+    assert main(["train", "--config", str(QUICKSTART), "--print-config",
+                 "out_dir=gs://bucket/run"]) == 2
+    assert "out_dir: 'gs://bucket/run': a filesystem path is needed" in capsys.readouterr().err

@@ -281,8 +281,11 @@ class _Run:
 
     # -------------------------------------------------------------- resume
     def resume(self) -> bool:
-        """Continue from the latest full train state in the run directory, if any."""
+        """Continue from the latest full train state in the run directory, if any (else
+        start from ``checkpoint.init_from``'s, when given; that is not a resume)."""
         if not self.cfg.checkpoint.resume or self.state_ckpt.latest_step() is None:
+            if self.cfg.checkpoint.init_from:
+                self.start_from(Path(self.cfg.checkpoint.init_from))
             return False
         state, loop, step = self.state_ckpt.restore(self.trainer.state)
         # Policy steps after the restored state belong to the abandoned attempt.
@@ -297,6 +300,30 @@ class _Run:
         self.step = step
         self.publish(step)
         return True
+
+    def start_from(self, state_dir: Path) -> None:
+        """Take another run's latest full state (params, optimizer, step N, RNG) and start
+        this run's data at batch N, as if it had trained those N batches (the reference's
+        main arm: resumed from the cold arm's step, on the train file's batches N...)."""
+        if self.state_ckpt.latest_step() is not None or self.policy_ckpt.latest_step() is not None:
+            raise ValueError(f"checkpoint.init_from: {self.out} already has checkpoints; "
+                             "init_from only starts a fresh run directory")
+        with StateCheckpointer(state_dir, keep=None) as source:
+            if source.latest_step() is None:
+                raise FileNotFoundError(f"checkpoint.init_from: {state_dir} has no full "
+                                        "train-state checkpoint")
+            state, _, step = source.restore(self.trainer.state)
+        if step >= self.cfg.steps:
+            raise ValueError(f"checkpoint.init_from: {state_dir} is at step {step}, not "
+                             f"before this run's steps={self.cfg.steps}")
+        self.trainer.state = state
+        for _ in range(step):  # the data position of a run that trained `step` batches
+            next(self.iterator)
+        self.step = step
+        self.policy_ckpt.save(self.trainer.model(), step, tokenizer_dir=self.tokenizer_dir,
+                              block=True)
+        self.publish(step)
+        self.console.print(f"starting from {state_dir} at step {step}")
 
     # -------------------------------------------------------------- one step
     def run_step(self) -> dict[str, float]:

@@ -211,12 +211,17 @@ class AlgoSection:
 class CheckpointSection:
     """Policy params every step (what the sampler loads; the last ``keep_policy`` kept) and
     the full train state every ``full_every`` steps and at the end. ``resume``: continue from
-    the latest full state in the run directory."""
+    the latest full state in the run directory. ``init_from``: another run's full-state
+    directory (its ``checkpoints/state``) that a fresh run starts from — params, optimizer
+    state and step N (the latest saved), as the reference's main arm continues its cold arm:
+    this run's data then start at its batch N (batch_index N, the first N batches skipped),
+    and the KL reference stays this run's own initial model (``model.init``)."""
 
     full_every: int = 10
     keep_policy: int = 2
     keep_full: int = 2
     resume: bool = True
+    init_from: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +263,10 @@ def check_train_config(cfg: TrainConfig, source: str = "<config>") -> None:
 
     if cfg.steps < 1:
         fail("steps", f"must be >= 1, got {cfg.steps}")
+    if "://" in cfg.out_dir:
+        fail("out_dir", f"{cfg.out_dir!r}: a filesystem path is needed (logs, tokenizer and the "
+             "sidecar's exports are written with local file APIs); mount a bucket (gcsfuse) "
+             "instead of a URL")
     if cfg.reward.alpha > 0 and cfg.algo.estimator != "comet_gdpo":
         fail("reward.alpha", f"alpha={cfg.reward.alpha} > 0 needs algo.estimator: comet_gdpo")
     if cfg.data.quotas and sum(cfg.data.quotas.values()) != cfg.data.batch_size:
