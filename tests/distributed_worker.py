@@ -1,7 +1,8 @@
 """One process of the multi-host trainer test (tests/test_distributed.py): joins the runtime
 from the environment (``rl.distributed.initialize``), builds the tiny policy on the mesh of all
-processes' devices, runs two optimizer steps on fixed batches and writes the losses and the
-final parameters (gathered) to ``argv[1]`` (process 0 only)."""
+processes' devices, runs two optimizer steps on fixed batches, saves the policy and the full
+train state with orbax (every process writes its shards, as orbax expects) under ``argv[2]``,
+and writes the losses and the final parameters (gathered) to ``argv[1]`` (process 0 only)."""
 
 import os
 import sys
@@ -14,6 +15,7 @@ from flax import nnx
 
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import create_sharded, make_mesh
+from jax_routeweaver.rl.checkpoint import StateCheckpointer, save_policy
 from jax_routeweaver.rl.distributed import initialize, to_host
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
 
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_trainer import CFG, random_batch
 
 
-def main(out: str) -> None:
+def main(out: str, ckpt: str) -> None:
     runtime = initialize()
     assert jax.device_count() == 8, jax.device_count()
     mesh = make_mesh((2, 4, 1))
@@ -31,6 +33,9 @@ def main(out: str) -> None:
     for step in range(2):
         metrics = trainer.update(**random_batch(n=16, seed=step))
         losses.append(metrics["loss/total"])
+    save_policy(trainer.model(), f"{ckpt}/policy", 2)
+    with StateCheckpointer(f"{ckpt}/state") as states:
+        states.save(2, trainer.state, {"step": 2})
     params = {".".join(map(str, k)): to_host(v.get_value())
               for k, v in nnx.to_flat_state(trainer.state.params)}
     if runtime.is_main:
@@ -39,4 +44,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flax import nnx
 
 from jax_routeweaver.rl import distributed
+from jax_routeweaver.rl.checkpoint import StateCheckpointer, restore_policy
 
 HERE = Path(__file__).parent
 
@@ -31,7 +33,8 @@ def worker_env(**extra: str) -> dict[str, str]:
 def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path, devices):
     port = free_port()
     procs = [subprocess.Popen(
-        [sys.executable, str(HERE / "distributed_worker.py"), str(tmp_path / "two.npz")],
+        [sys.executable, str(HERE / "distributed_worker.py"), str(tmp_path / "two.npz"),
+         str(tmp_path / "two_ckpt")],
         env=worker_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                        JAX_PROCESS_ID=str(i),
                        XLA_FLAGS="--xla_force_host_platform_device_count=4"),
@@ -44,7 +47,8 @@ def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path, devices):
     for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-3000:]
     single = subprocess.run(
-        [sys.executable, str(HERE / "distributed_worker.py"), str(tmp_path / "one.npz")],
+        [sys.executable, str(HERE / "distributed_worker.py"), str(tmp_path / "one.npz"),
+         str(tmp_path / "one_ckpt")],
         env=worker_env(ROUTEWEAVER_DISTRIBUTED="off",
                        XLA_FLAGS="--xla_force_host_platform_device_count=8"),
         capture_output=True, text=True, timeout=600)
@@ -60,6 +64,15 @@ def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path, devices):
                                     if k not in ("losses", "processes", "local_devices")}
     for k in names:
         np.testing.assert_allclose(two[k], one[k], atol=1e-5, err_msg=k)
+
+    # The orbax checkpoints both processes wrote together read back here (one process, the
+    # test's 8 devices) as the parameters process 0 gathered, and the train state is whole.
+    restored, step = restore_policy(tmp_path / "two_ckpt" / "policy")
+    assert step == 2
+    for path, var in nnx.to_flat_state(nnx.state(restored, nnx.Param)):
+        np.testing.assert_array_equal(np.asarray(var.get_value()), two[".".join(path)])
+    with StateCheckpointer(tmp_path / "two_ckpt" / "state") as states:
+        assert states.latest_step() == 2 and states.read_loop() == {"step": 2}
 
 
 def test_runtime_from_the_environment():
