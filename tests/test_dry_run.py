@@ -93,3 +93,24 @@ def test_dry_run_command_fails_on_an_unreachable_worker(server, tmp_path, capsys
     assert code == 1
     out = capsys.readouterr().out
     assert "some checks FAILED" in out and "sk-" not in out
+
+
+def test_inputs_the_run_reads_are_checked(tmp_path):
+    from jax_routeweaver.rl.dry_run import input_checks
+
+    cfg = load_train_config("configs/paper/main_alpha0.yaml",
+                            [f"model.path={tmp_path / 'model'}",
+                             f"checkpoint.init_from={tmp_path / 'cold' / 'state'}"])
+    checks = {c.what: c for c in input_checks(cfg)}
+    assert not checks["data.source"].ok and checks["data.source"].detail == "no such file"
+    assert not checks["model.path"].ok
+    assert not checks["checkpoint.init_from"].ok
+    assert not (tmp_path / "cold").exists()  # checking created nothing
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    data = tmp_path / "train.jsonl"
+    data.write_text("")
+    cfg = load_train_config("configs/paper/main_alpha0.yaml",
+                            [f"model.path={tmp_path / 'model'}", f"data.source={data}"])
+    checks = {c.what: c for c in input_checks(cfg)}
+    assert checks["data.source"].ok and checks["model.path"].ok

@@ -8,7 +8,9 @@
   abstract arrays (`rl.plan`) — on a TPU or GPU host this is the real compiler's analysis;
 * every endpoint the run would call: each worker of the channel file (``GET {base_url}
   /models``) and an attached vLLM sidecar (``GET /health``); an API key named by a channel
-  must be set (its value is never printed or sent anywhere but that endpoint).
+  must be set (its value is never printed or sent anywhere but that endpoint);
+* the inputs it would read: the data file, the HF model directory, the state
+  ``checkpoint.init_from`` starts from.
 
 Nothing is written and no worker is asked to generate.
 """
@@ -27,7 +29,7 @@ from rich.table import Table
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, latest_step
+from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, latest_step
 from jax_routeweaver.rl.plan import GIB, HEADROOM, Target, config_shape, plan_config
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.workers import load_channels
@@ -75,6 +77,27 @@ def architecture(cfg: TrainConfig) -> tuple[ModelConfig, str]:
     if not source.is_file():
         raise FileNotFoundError(f"model.path: {source} not found")
     return ModelConfig.from_hf(source), str(source)
+
+
+def input_checks(cfg: TrainConfig) -> list[Check]:
+    """The files the run reads before its first step (see the module docstring)."""
+    checks = []
+    if cfg.data.source != "synthetic":
+        ok = Path(cfg.data.source).is_file()
+        checks.append(Check("data.source", cfg.data.source, ok, "found" if ok else "no such file"))
+    if cfg.model.init == "hf":
+        ok = (Path(cfg.model.path) / "config.json").is_file()
+        checks.append(Check("model.path", cfg.model.path, ok,
+                            "HF directory" if ok else "no config.json there"))
+    if cfg.checkpoint.init_from:
+        step = None
+        if Path(cfg.checkpoint.init_from).is_dir():  # (a manager would create a missing one)
+            with StateCheckpointer(cfg.checkpoint.init_from, keep=None) as states:
+                step = states.latest_step()
+        checks.append(Check("checkpoint.init_from", cfg.checkpoint.init_from, step is not None,
+                            f"full state at step {step}" if step is not None
+                            else "no full train-state checkpoint (run the earlier arm first)"))
+    return checks
 
 
 def endpoint_checks(cfg: TrainConfig, *, timeout_s: float = 5.0,
@@ -143,9 +166,9 @@ def dry_run(cfg: TrainConfig, console: Console, *, plan: bool = True,
                           f"{'fits' if fits else 'DOES NOT FIT'} (with {HEADROOM:.0%} headroom)")
         else:
             console.print(f"memory: {need} (this backend reports no device memory limit)")
-    checks = endpoint_checks(cfg, timeout_s=timeout_s)
+    checks = input_checks(cfg) + endpoint_checks(cfg, timeout_s=timeout_s)
     if checks:
-        table = Table("endpoint", "url", "ok", "detail")
+        table = Table("input / endpoint", "where", "ok", "detail")
         for c in checks:
             table.add_row(c.what, c.target, "yes" if c.ok else "NO", c.detail)
         console.print(table)
