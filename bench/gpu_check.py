@@ -61,10 +61,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")  # JAX's default
 import argparse
 import dataclasses
 import gc
-import json
 import math
 import re
-import shlex
 import statistics
 import sys
 import time
@@ -77,6 +75,7 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 from rich.table import Table
+from suite import write_bench_json
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
@@ -457,9 +456,9 @@ DECODE_KEYS = ("batch", "prompt", "n1", "n2", "decode_tokens_per_s", "ms_per_ste
                "e2e_tokens_per_s", "elapsed_s")
 
 
-def json_record(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """The bench JSON shape of the other benches ("bench", "command", "reference", "config",
-    "rows" one per printed row, "ratios"), plus every number of every part under "parts"."""
+def write_json(path: Path, result: dict[str, Any], args: argparse.Namespace) -> None:
+    """The other benches' JSON (`suite.write_bench_json`: one row per printed row, the
+    ratios), plus every number of every part under "parts"."""
     rows, ratios = [], {}
     for name, part in result["parts"].items():
         if name == "train" and "step_s" in part:
@@ -474,8 +473,7 @@ def json_record(result: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     reference = ("the device's peak dense bf16 FLOP/s (MFU) and HBM bandwidth (decode bound): "
                  f"{result['spec_source']}")
     config = {k: v for k, v in vars(args).items() if k != "json"}
-    return {"bench": "gpu_check", "command": shlex.join(sys.argv), "reference": reference,
-            "config": config, "rows": rows, "ratios": ratios, **result}
+    write_bench_json(path, "gpu_check", reference, rows, ratios, config, extra=result)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -590,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     result["compile_s"] = clock.compile_s
     console.print(f"total {clock.elapsed():.1f} s (XLA compile {clock.compile_s:.1f} s)")
     if args.json:
-        args.json.write_text(json.dumps(json_record(result, args), indent=2, default=str) + "\n")
+        write_json(args.json, result, args)
         console.print(f"wrote {args.json}")
     return 1 if failed else 0
 

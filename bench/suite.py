@@ -66,15 +66,17 @@ print(json.dumps([f"{kind} x {n}" for kind, n in kinds.items()]))
 
 
 def write_bench_json(path: str | Path, bench: str, reference: str, rows: list[dict[str, Any]],
-                     ratios: dict[str, float], config: dict[str, Any] | None = None) -> dict:
+                     ratios: dict[str, float], config: dict[str, Any] | None = None,
+                     extra: dict[str, Any] | None = None) -> dict:
     """Write (and return) one bench's results: {"bench", "command" (sys.argv joined),
     "reference" (what the ratios compare against), "config", "rows" (one dict per printed
     table row; an optional "table" key names the table when a bench prints several),
-    "ratios" (name -> float, every ratio the bench prints)}. NumPy/JAX scalars become numbers.
+    "ratios" (name -> float, every ratio the bench prints)} and any ``extra`` keys.
+    NumPy/JAX scalars become numbers.
     """
     record = {"bench": bench, "command": shlex.join(sys.argv), "reference": reference,
               "config": config or {}, "rows": rows,
-              "ratios": {name: float(value) for name, value in ratios.items()}}
+              "ratios": {name: float(value) for name, value in ratios.items()}, **(extra or {})}
     scalar = lambda o: o.item() if hasattr(o, "item") else str(o)
     Path(path).write_text(json.dumps(record, indent=2, default=scalar) + "\n")
     return record

@@ -14,9 +14,9 @@ import numpy as np
 from flax import nnx
 
 from jax_routeweaver.models.qwen3 import Qwen3
-from jax_routeweaver.models.sharding import create_sharded, make_mesh
+from jax_routeweaver.models.sharding import create_sharded, make_mesh, to_host
 from jax_routeweaver.rl.checkpoint import StateCheckpointer, save_policy
-from jax_routeweaver.rl.distributed import initialize, to_host
+from jax_routeweaver.rl.distributed import initialize
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jax_routeweaver.models.sharding import to_host
 from jax_routeweaver.rl import distributed
 from jax_routeweaver.rl.checkpoint import StateCheckpointer, restore_policy
 
@@ -106,7 +107,7 @@ def test_multi_host_launches_are_detected(env, multi):
 
 def test_allgather_and_to_host_single_process():
     assert distributed.allgather_objects({"a": 1}) == [{"a": 1}]
-    np.testing.assert_array_equal(distributed.to_host(np.arange(3)), np.arange(3))
+    np.testing.assert_array_equal(to_host(np.arange(3)), np.arange(3))
 
 
 def test_host_shares_cover_the_batch_and_merge_back_in_order():

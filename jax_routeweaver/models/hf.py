@@ -27,7 +27,7 @@ from safetensors.numpy import save_file
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
-from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, param_specs
+from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, param_specs, to_host
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -210,7 +210,7 @@ def hf_tensors(model: Qwen3, *, untie: bool = False,
                dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, host array) for every tensor of `model`, in TENSOR_MAP order."""
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    return hf_arrays(lambda path: _to_host(flat[path][...]), model.config, untie=untie,
+    return hf_arrays(lambda path: to_host(flat[path][...]), model.config, untie=untie,
                      dtype=dtype)
 
 
@@ -232,14 +232,6 @@ def hf_arrays(param: Callable[[tuple[str, ...]], np.ndarray], cfg: ModelConfig, 
     if untie and cfg.tie_word_embeddings:
         embed = param(("embed",))
         yield _TIED_HEAD, (embed.astype(cast) if cast is not None else embed).copy()
-
-
-def _to_host(a: jax.Array) -> np.ndarray:
-    if jax.process_count() > 1 and not a.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        a = multihost_utils.process_allgather(a, tiled=True)
-    return np.asarray(jax.device_get(a))
 
 
 def save_hf(model: Qwen3, path: str | Path, *, tokenizer: Any = None,

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -151,6 +153,16 @@ def create_sharded(constructor, mesh: Mesh, rules: Rules = TRAIN_RULES) -> nnx.M
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules = TRAIN_RULES) -> NamedSharding:
     """Sharding for a `[B, ...]` input: batch over the rule for `batch`, the rest replicated."""
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), rules))
+
+
+def to_host(x: Any) -> np.ndarray:
+    """An array as one numpy array on every process, gathering the shards other processes
+    hold when it is sharded across hosts (multi-host `jax.distributed` runs)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
 
 
 def describe(module: nnx.Module) -> dict[str, tuple[tuple[int, ...], str]]:

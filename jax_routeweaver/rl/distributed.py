@@ -111,12 +111,3 @@ def allgather_objects(obj: Any) -> list[Any]:
     padded[:data.size] = data
     gathered = multihost_utils.process_allgather(padded)
     return [pickle.loads(gathered[i, :int(n)].tobytes()) for i, n in enumerate(sizes.ravel())]
-
-
-def to_host(x: Any) -> np.ndarray:
-    """A (possibly multi-host sharded) array as one numpy array on every process."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)

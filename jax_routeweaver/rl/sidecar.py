@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
-from jax_routeweaver.rl.distributed import to_host
+from jax_routeweaver.models.sharding import to_host
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.sampling.vllm_sidecar import ServerConfig, VllmServer, VllmSidecarSampler
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums

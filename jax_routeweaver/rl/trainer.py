@@ -35,9 +35,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_routeweaver.models.qwen3 import Qwen3, gathered_logprobs, token_logprobs
-from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, logical_to_spec
+from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, logical_to_spec, to_host
 from jax_routeweaver.rl import losses
-from jax_routeweaver.rl.distributed import to_host
 
 REDUCTIONS = ("segment", "global")
 
