@@ -28,7 +28,7 @@ from typing import Any
 
 import grain
 
-from jax_routeweaver.data.records import Domain, Record
+from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 
 __all__ = [
     "DEFAULT_QUOTAS",
@@ -36,6 +36,7 @@ __all__ = [
     "QueryBatch",
     "QueryIterator",
     "QueryPipeline",
+    "balanced_forced_modes",
     "check_census",
     "plan_batches",
 ]
@@ -47,6 +48,20 @@ DEFAULT_QUOTAS: Mapping[Domain, int] = types.MappingProxyType({
 
 # Bump when the plan for the same inputs changes, so old iterator states are refused.
 _PLAN_VERSION = 1
+
+
+def balanced_forced_modes(sample_ids: Sequence[str], *, salt: str = "forced_mode") -> list[str]:
+    """Forced modes for one batch, as counts that differ by at most one (11/11/10 of 32):
+    round-robin over the queries ordered by `sha256(salt:sample_id)`, so a query's mode does
+    not depend on row order (the reference bakes `forced_mode` into its parquet)."""
+    if len(set(sample_ids)) != len(sample_ids):
+        raise ValueError("sample_ids of a batch must be unique")
+    order = sorted(range(len(sample_ids)), key=lambda i: hashlib.sha256(
+        f"{salt}:{sample_ids[i]}".encode()).digest())
+    modes = [""] * len(sample_ids)
+    for rank, i in enumerate(order):
+        modes[i] = FORCED_MODES[rank % len(FORCED_MODES)]
+    return modes
 
 
 def _int(name: str, value: Any, minimum: int | None = None) -> int:

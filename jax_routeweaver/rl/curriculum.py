@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from jax_routeweaver.data.pipeline import balanced_forced_modes
+
 MODES = ("single", "multi", "agentic")
 
 
@@ -117,25 +119,6 @@ def is_forced(
     if rho <= 0.0:
         return False
     return query_draw(sample_id) < rho
-
-
-def balanced_forced_modes(sample_ids: list[str], *, salt: str = "forced_mode") -> list[str]:
-    """Deterministic balanced forced modes for one batch (11/11/10 for 32 queries).
-
-    The reference bakes ``forced_mode`` into the parquet; this assigns round-robin over the
-    queries ordered by ``sha256(salt:sample_id)``, so counts differ by at most one and the
-    assignment does not depend on row order.
-    """
-    if len(set(sample_ids)) != len(sample_ids):
-        raise ValueError("sample_ids of a batch must be unique")
-    order = sorted(
-        range(len(sample_ids)),
-        key=lambda i: hashlib.sha256(f"{salt}:{sample_ids[i]}".encode()).digest(),
-    )
-    modes = [""] * len(sample_ids)
-    for rank, i in enumerate(order):
-        modes[i] = MODES[rank % len(MODES)]
-    return modes
 
 
 def check_balanced(forced_modes: list[str]) -> None:
