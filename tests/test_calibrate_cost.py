@@ -87,3 +87,18 @@ def test_help_documents_the_schema(capsys):
     text = capsys.readouterr().out
     for field in ("cost_usd", "infra_failed", "cost_complete", "--out", "--q"):
         assert field in text
+
+
+def test_the_train_config_takes_c_ref_as_a_number_or_a_cost_ref_file(tmp_path, capsys):
+    from jax_routeweaver.config import load_config
+    from jax_routeweaver.rl.loop import c_ref
+    from jax_routeweaver.rl.train_config import TrainConfig
+    from jax_routeweaver.routing.pricing import C_REF_USD
+
+    dump = write_dump(tmp_path / "dump.jsonl", ROWS)
+    out = tmp_path / "cost_ref.json"
+    assert main(["calibrate-cost", str(dump), "--out", str(out)]) == 0
+    for overrides, want in ((["reward.c_ref=0.0001"], 0.0001), ([], C_REF_USD),
+                            ([f"reward.c_ref={out}"], 0.0088)):
+        cfg = load_config(TrainConfig, None, overrides)
+        assert c_ref(cfg) == pytest.approx(want, rel=1e-12), overrides

@@ -145,6 +145,47 @@ def test_support_gradient_equals_full_graph():
     assert float(metrics["support/lambda"]) == pytest.approx(0.4)
 
 
+def test_constrained_support_scores_the_grammar_choice():
+    """With `constrained`, a declaration scores what a `Grammar.choice` sampler draws: the
+    mode word's first token against the three first tokens (softmax over the model's own
+    logits at that position), its forced continuation (43 after 42) at probability 1."""
+    rng = np.random.default_rng(3)
+    prompts = [list(rng.integers(5, CFG.vocab_size, n)) for n in (9, 14, 11, 6, 13)]
+    decls = [[1, 2, 3, 40, 4, 5, 6], [1, 2, 3, 41, 4, 5, 6], [1, 2, 3, 42, 43, 4, 5, 6]]
+    sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8, constrained=True)
+    cfg = LossConfig(support_lambda0=0.5, support_floor=0.45, support_chunk=4)
+    trainer = Trainer(model(seed=1), OptimConfig(), cfg)
+    graphdef, params = nnx.split(model(seed=1), nnx.Param)
+
+    def scores(p):
+        out = []
+        for prompt in prompts:
+            ids = jnp.asarray([prompt + decls[0]])
+            logits, _ = nnx.merge(graphdef, p)(ids, jnp.arange(ids.shape[1])[None],
+                                               jnp.ones_like(ids, bool))
+            first = logits[0, len(prompt) + 2, jnp.asarray([40, 41, 42])]  # predicts token 3
+            out.append(jax.nn.log_softmax(first))
+        return jnp.stack(out)
+
+    def weighted(p):
+        part, _ = losses.support_loss(scores(p), rho=0.8, lambda0=0.5, floor=0.45)
+        return part.coef * part.value()
+
+    want = jax.jit(jax.grad(weighted))(params)
+    got, metrics = trainer._support_grad(trainer.state.params, sb, jnp.float32(0.8), 5)
+    assert_grads_close(want, got, rtol=1e-5)
+    pibar = np.exp(np.asarray(scores(params))).mean(0)
+    np.testing.assert_allclose([float(metrics[f"support/pibar_{m}"]) for m in losses.MODES],
+                               pibar, rtol=1e-5)
+    # (Every mode sits near 1/3 here, so the 0.45 floor makes every hinge active.)
+    # Unconstrained, the two-token word is scored against the whole vocabulary twice and
+    # looks rarer than the grammar makes it.
+    _, plain = trainer._support_grad(trainer.state.params,
+                                     support_batch(prompts, decls, pad_id=0, chunk=4,
+                                                   length_multiple=8), jnp.float32(0.8), 5)
+    assert float(plain["support/pibar_agentic"]) < 0.2 * float(metrics["support/pibar_agentic"])
+
+
 def test_update_raises_logprob_of_advantaged_tokens_and_keeps_caller_arrays():
     policy = model()
     before = np.asarray(policy.embed.get_value()).copy()

@@ -333,6 +333,31 @@ def gathered_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
                             batch_shards=_row_shards(batch_sharding, h.shape))
 
 
+def choice_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
+                    attention_mask: jax.Array, index: jax.Array, options: jax.Array, *,
+                    temperature: float = 1.0,
+                    batch_sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+    """Logprobs `[B, P]` of the tokens at `index [B, P]` when the sampler could only pick among
+    `options [B, P, A]` (token ids, -1 = no option; the target must be one of them):
+    out[b, j] = l[target] - logsumexp(l[options]), l = logits at `index - 1` / temperature.
+
+    This is the distribution a grammar-constrained sampler draws from (the full-vocabulary
+    log-sum-exp cancels); a position with one option (a forced token) gets 0. Only the `A`
+    option columns of the head are used, never `[*, V]` logits."""
+    hidden, _ = model.hidden_states(tokens, positions, attention_mask,
+                                    batch_sharding=batch_sharding)
+    prev = jnp.maximum(index - 1, 0)
+    h = jnp.take_along_axis(hidden, prev[..., None], axis=1)  # [B, P, D]
+    w = model.head_weight().astype(h.dtype)  # [D, V]
+    targets = jnp.take_along_axis(tokens, index, axis=1)
+    picked = jnp.einsum("bpd,dbp->bp", h, jnp.take(w, targets, axis=1),
+                        preferred_element_type=jnp.float32) / temperature
+    logits = jnp.einsum("bpd,dbpa->bpa", h, jnp.take(w, jnp.maximum(options, 0), axis=1),
+                        preferred_element_type=jnp.float32) / temperature
+    logits = jnp.where(options >= 0, logits, -jnp.inf)
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
 def _row_shards(sharding: jax.sharding.Sharding | None, shape: tuple[int, ...]) -> int:
     """How many pieces `sharding` cuts the row axis of `shape` into (1 without one)."""
     return 1 if sharding is None else shape[0] // sharding.shard_shape(shape)[0]

@@ -166,6 +166,9 @@ def build_pool(cfg: TrainConfig, records: list[Record]) -> Any:
 
 
 def c_ref(cfg: TrainConfig) -> float:
+    """C_ref in USD: the config's number, a `cost_ref.json` it names, or the reference's."""
+    if isinstance(cfg.reward.c_ref, int | float):
+        return float(cfg.reward.c_ref)
     text = cfg.reward.c_ref.strip()
     if not text:
         return C_REF_USD
@@ -385,7 +388,8 @@ class _Run:
             support = support_batch(selector, self.declarations, pad_id=self.pad_id,
                                     chunk=cfg.algo.loss.support_chunk,
                                     span=cfg.algo.mode_score_span,
-                                    max_prompt=cfg.algo.support_max_prompt)
+                                    max_prompt=cfg.algo.support_max_prompt,
+                                    constrained=cfg.rollout.constrained)
         train_metrics = self.trainer.update(
             packed.tokens, packed.positions, packed.attention_mask, packed.policy_valid,
             packed.gather(mmask), packed.gather(np.asarray(adv.token_advantages)),

@@ -185,7 +185,7 @@ class RewardSection:
     part)."""
 
     alpha: float = 0.0
-    c_ref: str = ""
+    c_ref: float | str = ""
     code_scorer: Literal["union", "final"] = "union"
     score_workers: int = 4
     router_r1: RouterR1RewardSection = dataclasses.field(default_factory=RouterR1RewardSection)

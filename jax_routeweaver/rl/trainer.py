@@ -34,7 +34,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_routeweaver.models.qwen3 import Qwen3, gathered_logprobs, token_logprobs
+from jax_routeweaver.models.qwen3 import (
+    Qwen3,
+    choice_logprobs,
+    gathered_logprobs,
+    token_logprobs,
+)
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, logical_to_spec, to_host
 from jax_routeweaver.rl import losses
 
@@ -130,7 +135,9 @@ class SupportBatch(NamedTuple):
     <mode>m</mode>`` in chunks, ``tokens, positions, attention_mask [C, R, L]``;
     ``index [C, R, D]`` the declaration's positions and ``span [C, R, D]`` which of them are
     scored; ``query [C, R]`` / ``mode [C, R]`` which query and mode a row scores
-    (``query = -1`` on padding rows)."""
+    (``query = -1`` on padding rows). ``options [C, R, D, A]`` (or None): the tokens a
+    constrained sampler could pick at each declaration position (-1 padded); with them a
+    declaration is scored under that constraint (:func:`choice_logprobs`)."""
 
     tokens: jax.Array
     positions: jax.Array
@@ -139,6 +146,7 @@ class SupportBatch(NamedTuple):
     span: jax.Array
     query: jax.Array
     mode: jax.Array
+    options: jax.Array | None = None
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
@@ -384,18 +392,20 @@ class Trainer:
                      temperature: float | None = None):
         model = nnx.merge(self.graphdef, params)
         t = self.temperature if temperature is None else temperature
-        # Rows over the batch axes inside the model too (see Qwen3.hidden_states); support
-        # chunks whose rows do not divide over the shards stay as placed (replicated).
-        rows = self.micro_batch_sharding(3)
-        if rows is not None and tokens.shape[0] % self._shards() == 0:
-            rows = NamedSharding(rows.mesh, P(*rows.spec[1:]))
-        else:
-            rows = None
+        rows = self._row_sharding(tokens)
         if index is None:
             return token_logprobs(model, tokens, positions, mask, temperature=t,
                                   with_entropy=with_entropy, batch_sharding=rows)
         return gathered_logprobs(model, tokens, positions, mask, index, temperature=t,
                                  with_entropy=with_entropy, batch_sharding=rows)
+
+    def _row_sharding(self, tokens: jax.Array) -> NamedSharding | None:
+        """Rows over the batch axes inside the model too (see Qwen3.hidden_states); chunks
+        whose rows do not divide over the shards stay as placed (replicated)."""
+        rows = self.micro_batch_sharding(3)
+        if rows is None or tokens.shape[0] % self._shards() != 0:
+            return None
+        return NamedSharding(rows.mesh, P(*rows.spec[1:]))
 
     def _logprobs_impl(self, params: Any, tokens: jax.Array, positions: jax.Array,
                        mask: jax.Array, index: jax.Array | None) -> jax.Array:
@@ -429,12 +439,20 @@ class Trainer:
         cfg = self.loss_cfg
 
         def chunk_scores(p: Any, chunk: tuple[jax.Array, ...]) -> jax.Array:
-            tokens, positions, mask, index, span = chunk
-            # The reference scores declarations with the plain forward (temperature 1).
-            lp = self._policy_logp(p, tokens, positions, mask, index, temperature=1.0)
+            tokens, positions, mask, index, span, *options = chunk
+            # The reference scores declarations with the plain forward (temperature 1); a
+            # constrained sampler draws the mode from the grammar's options only.
+            if options:
+                lp = choice_logprobs(nnx.merge(self.graphdef, p), tokens, positions, mask,
+                                     index, options[0], temperature=1.0,
+                                     batch_sharding=self._row_sharding(tokens))
+            else:
+                lp = self._policy_logp(p, tokens, positions, mask, index, temperature=1.0)
             return (lp * span).sum(-1)  # [R] summed declaration logprobs
 
         chunks = (sb.tokens, sb.positions, sb.attention_mask, sb.index, sb.span)
+        if sb.options is not None:
+            chunks += (sb.options,)
         row_scores = jax.lax.map(lambda c: chunk_scores(params, c), chunks)  # [C, R]
         scores = _scatter_scores(row_scores, sb.query, sb.mode, num_queries)
         _, cot = losses.support_score_cotangent(scores, rho=rho, lambda0=cfg.support_lambda0,
@@ -510,12 +528,18 @@ def sampler_gap(sampler_logp: np.ndarray, trainer_logp: np.ndarray,
 
 def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pad_id: int,
                   chunk: int = 12, span: str = "content", max_prompt: int = 2048,
-                  length_multiple: int = 64) -> SupportBatch:
+                  length_multiple: int = 64, constrained: bool = False) -> SupportBatch:
     """Host-side support rows: for each query prompt (its last ``max_prompt`` tokens) and
     each of the three declaration token lists, one row ``prompt + declaration``.
 
     ``span="content"`` scores declaration tokens ``3 … n−4`` (the mode word, assuming
     ``<mode>`` and ``</mode>`` are 3 tokens each, as the reference); ``"full"`` all of them.
+    ``constrained``: the sampler picks the declaration as a choice among exactly these token
+    sequences (a ``Grammar.choice``), so each position is scored against the tokens that
+    continue some declaration there (``SupportBatch.options``), not the whole vocabulary.
+    Unconstrained, a two-token word (``ag`` + ``entic``) scores far below a one-token word
+    for a model that the grammar lets pick it as often; the support term then pushes
+    ``ag`` up long after the sampler already picks agentic everywhere.
     """
     if len(declarations) != len(losses.MODES):
         raise ValueError(f"need {len(losses.MODES)} declarations, got {len(declarations)}")
@@ -546,10 +570,30 @@ def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pa
         query[i], mode[i] = q, m
     mask[len(rows):, 0] = True
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (n, length)).copy()
+    options = None
+    if constrained:
+        # Default: the position's own token, alone (scores 0); declaration positions: the
+        # tokens of every declaration sharing its prefix (the choice trie's branches).
+        options = np.full((n, width, len(declarations)), -1, np.int32)
+        options[..., 0] = np.take_along_axis(tokens, index, axis=1)
+        for i, (_, _, _, _, _, m) in enumerate(rows):
+            options[i, :len(declarations[m])] = _choice_options(declarations, m)
     c = n // chunk
     shape = lambda a: jnp.asarray(a.reshape(c, chunk, *a.shape[1:]))
     return SupportBatch(shape(tokens), shape(positions), shape(mask), shape(index),
-                        shape(span_m), shape(query), shape(mode))
+                        shape(span_m), shape(query), shape(mode),
+                        None if options is None else shape(options))
+
+
+def _choice_options(sequences: list[list[int]], k: int) -> np.ndarray:
+    """``[len(sequences[k]), len(sequences)]``: at each position of sequence ``k``, the next
+    tokens of every sequence with the same prefix (itself included), -1 padded."""
+    seq = sequences[k]
+    out = np.full((len(seq), len(sequences)), -1, np.int32)
+    for j in range(len(seq)):
+        nxt = sorted({s[j] for s in sequences if len(s) > j and list(s[:j]) == list(seq[:j])})
+        out[j, :len(nxt)] = nxt
+    return out
 
 
 def round_up(n: int, multiple: int) -> int:
