@@ -130,3 +130,36 @@ def test_out_dir_url_is_a_config_error(capsys):
     assert main(["train", "--config", str(QUICKSTART), "--print-config",
                  "out_dir=gs://bucket/run"]) == 2
     assert "out_dir: 'gs://bucket/run': a filesystem path is needed" in capsys.readouterr().err
+
+
+def test_http_workers_serve_every_step(tmp_path, monkeypatch):
+    """Workers behind real HTTP (`HttpWorkerPool`, which binds its client to one event loop)
+    across steps: the run keeps one loop, so step 2 calls the workers like step 1."""
+    from openai_stub import KEY_ENV, PROXY_VARS, SECRET, SimServer, channel_file
+    from rich.console import Console
+
+    from jax_routeweaver.rl.loop import build_records
+    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+
+    for name in PROXY_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    cfg = load_train_config(QUICKSTART, [f"out_dir={tmp_path / 'run'}", *SMALL])
+    sim = SimulatedWorkerPool(build_records(cfg, Console(quiet=True)), seed=cfg.workers.seed)
+    server = SimServer(sim)
+    try:
+        channels = channel_file(tmp_path / "channels.yaml", sim, server.url)
+        done = subprocess.run(train_cmd(tmp_path / "run", "steps=2",
+                                        f"workers.pool={channels}"),
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        server.close()
+    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["episode/worker_calls_mean"] > 0 and r["infra/failed_rate"] == 0
+               for r in steps)
+    assert len(server.bodies) == sum(r["episode/worker_calls_mean"] * 10 for r in steps)
+    assert SECRET not in (tmp_path / "run" / "config.yaml").read_text()

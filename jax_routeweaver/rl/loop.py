@@ -13,6 +13,7 @@ full train state.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -52,7 +53,7 @@ from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.rl.trainer import Trainer, support_batch
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
-from jax_routeweaver.routing.episode import EpisodeStats, run_episodes
+from jax_routeweaver.routing.episode import EpisodeStats, run_episodes_async
 from jax_routeweaver.routing.pricing import C_REF_USD, REFERENCE_PRICES, load_cost_ref
 from jax_routeweaver.routing.routeweaver_env import NO_CANDIDATE_ANSWER, EnvConfig, routeweaver_envs
 from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
@@ -205,6 +206,9 @@ class _Run:
     def __init__(self, cfg: TrainConfig, console: Console,
                  runtime: distributed.Runtime | None = None):
         self.cfg, self.console = cfg, console
+        # One event loop for the whole run: an HTTP worker pool keeps its client and
+        # concurrency limit on the loop of its first call (a fresh loop per step broke step 2).
+        self.events = asyncio.new_event_loop()
         self.runtime = runtime or distributed.Runtime()
         if self.runtime.num_processes > 1 and cfg.rollout.sampler != "vllm":
             # The in-process sampler is one SPMD program over all hosts' devices: every host
@@ -342,10 +346,10 @@ class _Run:
             try:
                 # Router-R1 costs calls with its own price table (in its reward).
                 rt = self.runtime
-                trajs = run_episodes(
+                trajs = self.events.run_until_complete(run_episodes_async(
                     host_share(records, rt.process_id, rt.num_processes), self.sampler,
                     self.pool, self.make_env, repeats=batch.group_size, stats=stats,
-                    prices=None if self.router_r1 else REFERENCE_PRICES)
+                    prices=None if self.router_r1 else REFERENCE_PRICES))
                 if rt.num_processes > 1:
                     trajs = merge_host_shares(distributed.allgather_objects(trajs),
                                               batch.group_size)
@@ -461,6 +465,10 @@ class _Run:
         self.state_ckpt.close()
         if self.sidecar is not None:
             self.sidecar.close()
+        aclose = getattr(self.pool, "aclose", None)
+        if aclose is not None:
+            self.events.run_until_complete(aclose())
+        self.events.close()
 
 
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
