@@ -77,6 +77,12 @@ class ChannelConfigError(ValueError):
     """A channel file is malformed; the message names the file and the field."""
 
 
+# HttpWorkerPool's sampling defaults (reference §4.5: temperature 0.2, seed 42), shared with
+# the record/replay cache key so the two never drift apart.
+DEFAULT_TEMPERATURE = 0.2
+DEFAULT_SEED = 42
+DEFAULT_MAX_TOKENS = 4096
+
 class MissingApiKeyError(RuntimeError):
     """An environment variable named by `api_key_env` is unset or empty (value never shown)."""
 
@@ -348,7 +354,8 @@ class HttpWorkerPool:
 
     def __init__(self, channels: ChannelConfig, *, concurrency: int = 40,
                  total_budget_s: float = 900.0, max_rounds: int = 6,
-                 default_max_tokens: int = 4096, temperature: float = 0.2, seed: int = 42,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                 temperature: float = DEFAULT_TEMPERATURE, seed: int = DEFAULT_SEED,
                  spend_stop_file: str | os.PathLike[str] | None = None,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  clock: Callable[[], float] = time.monotonic,

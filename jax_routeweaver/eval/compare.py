@@ -1,0 +1,353 @@
+"""`eval baselines` and `eval compare`: the baselines and the whole comparison table.
+
+`run_baselines(cfg, options)`: the single-round baselines of `eval.baselines` (random,
+largest, oracle, kNN, MLP) on the evaluation sets, with the workers `eval run` uses
+(`evaluate.build_eval_pool`: the config's ``workers`` section in the record/replay cache,
+HTTP workers at the evaluation temperature). Evaluation sets load as in `eval run`
+(`evaluate.load_sets`). The learned routers fit on the TRAINING sets, loaded the same way
+except that a ``synthetic[:N]`` without SEED takes ``data.synthetic_seed`` (the questions
+the router trained on; evaluation sets default to the next seed); a training question that
+is also an evaluation question (same sample_id or same text) is dropped from training, so
+the two never overlap. Each baseline gets ``OUT/<router>/`` with ``rows.jsonl`` (rewritten
+whole on every run; the worker cache makes that cheap), ``eval.json`` and the summary files
+of `eval run`, so `eval report --runs` takes them as they are.
+
+`run_comparison(cfg, options)`: the table of issue 8 in one call. Into ``OUT/``::
+
+    router/             the trained router, free (greedy)            `evaluate.Evaluator`
+    forced_<mode>/      the same router forced to single, multi, agentic (same model load)
+    router_r1/          a Router-R1 checkpoint in its own dialect, when given
+    <baseline>/         random, largest, oracle, knn, mlp              `run_baselines`
+    worker_cache.jsonl  ONE record/replay cache for all of them (unless placed elsewhere)
+    comparison.json/.md, mode_shares.png, accuracy_vs_cost.png     `report.write_comparison`
+
+The evaluation sets are loaded once, with the router's config, and every row evaluates
+exactly those questions (Router-R1 too, whatever its own config's data section says). A
+directory holding rows of other questions too (an earlier run without ``--limit``) keeps
+them, but the comparison counts only this run's questions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+
+from jax_routeweaver.config import redact_secrets, to_dict
+from jax_routeweaver.data.records import FORCED_MODES, Record
+from jax_routeweaver.eval import report
+from jax_routeweaver.eval.baselines import BASELINE_NAMES, aevaluate_baselines
+from jax_routeweaver.eval.evaluate import (
+    CACHE_FILE,
+    WORKER_TEMPERATURE,
+    EvalOptions,
+    EvalResult,
+    EvalSet,
+    Evaluator,
+    build_eval_pool,
+    load_sets,
+)
+from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.routing.calls import WorkerPool
+from jax_routeweaver.routing.replay import REPLAY_MODES, ReplayMode, ReplayStats
+
+ROUTER = "router"
+ROUTER_R1 = "router_r1"
+BASELINE_KIND = "baseline"
+LEARNED = ("knn", "mlp")
+
+
+def forced_name(mode: str) -> str:
+    """The comparison's name of the router forced to `mode`: ``forced_<mode>``."""
+    return f"forced_{mode}"
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineOptions:
+    """The single-round baselines on `sets` (module doc). `train_sets`: what kNN/MLP fit on
+    (needed only when they run). `cache`: the worker cache ("" = OUT/worker_cache.jsonl).
+    `limit`: only the first N evaluation questions over all sets. `largest_worker`: the
+    "largest" router's worker (None = the priciest by the price table). `k`, `lambda_cost`,
+    `seed`, `mlp_steps`: as `baselines.aevaluate_baselines`."""
+
+    sets: tuple[str, ...]
+    out_dir: str
+    train_sets: tuple[str, ...] = ()
+    routers: tuple[str, ...] = BASELINE_NAMES
+    largest_worker: str | None = None
+    replay: ReplayMode = "record"
+    cache: str = ""
+    limit: int | None = None
+    k: int = 10
+    lambda_cost: float = 0.0
+    seed: int = 0
+    mlp_steps: int = 300
+    worker_temperature: float = WORKER_TEMPERATURE
+
+    def __post_init__(self) -> None:
+        unknown = [n for n in self.routers if n not in BASELINE_NAMES]
+        if unknown or not self.routers or len(set(self.routers)) != len(self.routers):
+            raise ValueError(f"routers={list(self.routers)}: expected distinct names from "
+                             f"{list(BASELINE_NAMES)}")
+        if self.replay not in REPLAY_MODES:
+            raise ValueError(f"replay={self.replay!r}: expected one of {list(REPLAY_MODES)}")
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"limit={self.limit}: must be >= 0")
+        if self.k < 1 or not self.lambda_cost >= 0:
+            raise ValueError(f"k={self.k}, lambda_cost={self.lambda_cost}: need k >= 1 and "
+                             "lambda_cost >= 0")
+        if not self.sets:
+            raise ValueError("no evaluation sets given")
+        learned = [n for n in self.routers if n in LEARNED]
+        if learned and not self.train_sets:
+            raise ValueError(f"routers {learned} learn from training questions: give "
+                             "--train-sets (or leave them out of --routers)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareOptions:
+    """The comparison (module doc): `checkpoint` free and forced to each mode, the
+    `routers` baselines, and `router_r1` (a checkpoint, "" = none) with its own config.
+    `cache` "" = OUT/worker_cache.jsonl, shared by all. Other fields as `EvalOptions` and
+    `BaselineOptions`."""
+
+    checkpoint: str
+    sets: tuple[str, ...]
+    out_dir: str
+    train_sets: tuple[str, ...] = ()
+    routers: tuple[str, ...] = BASELINE_NAMES
+    router_r1: str = ""
+    largest_worker: str | None = None
+    replay: ReplayMode = "record"
+    cache: str = ""
+    limit: int | None = None
+    batch_size: int = 0
+    k: int = 10
+    lambda_cost: float = 0.0
+    seed: int = 0
+    worker_temperature: float = WORKER_TEMPERATURE
+    progress: bool = True
+
+    def baseline_options(self, cache: str) -> BaselineOptions:
+        return BaselineOptions(
+            sets=self.sets, out_dir=self.out_dir, train_sets=self.train_sets,
+            routers=self.routers, largest_worker=self.largest_worker, replay=self.replay,
+            cache=cache, limit=self.limit, k=self.k, lambda_cost=self.lambda_cost,
+            seed=self.seed, worker_temperature=self.worker_temperature)
+
+    def eval_options(self, checkpoint: str, out_dir: Path, name: str, cache: str,
+                     force_mode: Literal["single", "multi", "agentic"] | None = None
+                     ) -> EvalOptions:
+        return EvalOptions(
+            checkpoint=checkpoint, sets=self.sets, out_dir=str(out_dir), force_mode=force_mode,
+            replay=self.replay, cache=cache, limit=self.limit, batch_size=self.batch_size,
+            name=name, worker_temperature=self.worker_temperature, progress=self.progress)
+
+
+# ------------------------------------------------------------------------------ sets
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def ordered_questions(sets: Sequence[EvalSet], limit: int | None) -> list[tuple[str, Record]]:
+    """(set name, record) of every evaluation question in order, the first `limit` only
+    (as `Evaluator.evaluate` takes them)."""
+    ordered = [(s.name, r) for s in sets for r in s.records]
+    return ordered if limit is None else ordered[:limit]
+
+
+def load_train_records(specs: Sequence[str], cfg: TrainConfig, evaluation: Sequence[Record],
+                       console: Console | None = None) -> list[Record]:
+    """The training questions of the learned baselines (module doc): `specs` loaded as
+    evaluation sets are, ``synthetic`` defaulting to ``data.synthetic_seed``, minus every
+    question that is also in `evaluation` (same sample_id or same text)."""
+    sets = load_sets(specs, cfg, synthetic_seed=cfg.data.synthetic_seed)
+    ids = {r.sample_id for r in evaluation}
+    texts = {_norm(r.question) for r in evaluation}
+    records, dropped = [], 0
+    for r in (r for s in sets for r in s.records):
+        if r.sample_id in ids or _norm(r.question) in texts:
+            dropped += 1
+        else:
+            records.append(r)
+    if dropped and console is not None:
+        console.print(f"train sets: left out {dropped} question(s) that are also evaluation "
+                      f"questions; {len(records)} remain")
+    if not records:
+        raise ValueError(f"train sets {list(specs)} hold no question outside the evaluation "
+                         "sets (give other sets, or another SEED for synthetic)")
+    return records
+
+
+# ------------------------------------------------------------------------------ baselines
+def _workers_config(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with the RouteWeaver dialect: baselines see the workers' replies as they are
+    (a Router-R1 config would strip the simulated replies' tags)."""
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout,
+                                                                dialect="routeweaver"))
+
+
+def _check_baseline_dirs(out: Path, routers: Sequence[str]) -> None:
+    """ValueError if OUT/<router> holds an evaluation other than a baseline's (it would be
+    overwritten)."""
+    for name in routers:
+        meta_file = out / name / report.META_FILE
+        if meta_file.is_file() and \
+                json.loads(meta_file.read_text()).get("kind") != BASELINE_KIND:
+            raise ValueError(f"{out / name} holds another evaluation (its {report.META_FILE} "
+                             "is not a baseline's); use another --out")
+
+
+def _write_baseline(out: Path, name: str, rows: list[dict[str, Any]],
+                    meta: dict[str, Any]) -> EvalResult:
+    out.mkdir(parents=True, exist_ok=True)
+    meta_file = out / report.META_FILE
+    tmp = meta_file.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"router": name, **meta}, indent=1) + "\n")
+    tmp.replace(meta_file)
+    dump = out / report.ROWS_FILE
+    staged = dump.with_suffix(".jsonl.tmp")
+    staged.unlink(missing_ok=True)
+    report.append_rows(staged, rows)
+    staged.replace(dump)
+    summary = report.summarize(rows, router=name)
+    report.write_summary(summary, out)
+    return EvalResult(out, rows, summary, len(rows), None)
+
+
+def run_baselines(cfg: TrainConfig, options: BaselineOptions, *,
+                  pool: WorkerPool | None = None, eval_sets: Sequence[EvalSet] | None = None,
+                  embedder: Any = None, console: Console | None = None
+                  ) -> dict[str, EvalResult]:
+    """Run the baselines (module doc); returns router name -> its `EvalResult` (``replay``:
+    the cache counts of the whole run). `pool`: the raw worker pool instead of the config's
+    (tests); `eval_sets`: already loaded evaluation sets; `embedder`: the sentence embedder
+    of kNN/MLP (default: the bundled all-MiniLM-L6-v2)."""
+    console = console or Console()
+    out = Path(options.out_dir)
+    _check_baseline_dirs(out, options.routers)
+    sets = list(eval_sets) if eval_sets is not None else load_sets(options.sets, cfg)
+    questions = ordered_questions(sets, options.limit)
+    if not questions:
+        raise ValueError(f"{out}: nothing to evaluate (empty sets or --limit 0)")
+    evaluation = [r for _, r in questions]
+    learned = any(n in LEARNED for n in options.routers)
+    train = load_train_records(options.train_sets, cfg, evaluation, console) if learned \
+        else []
+    cache = options.cache or str(out / CACHE_FILE)
+    wrapped = build_eval_pool(_workers_config(cfg), [*evaluation, *train], EvalOptions(
+        checkpoint="", sets=options.sets, out_dir=str(out), replay=options.replay,
+        cache=cache, worker_temperature=options.worker_temperature), pool)
+
+    async def run() -> dict[str, list[dict[str, Any]]]:
+        try:
+            return await aevaluate_baselines(
+                train, evaluation, wrapped, routers=options.routers, embedder=embedder,
+                largest_worker=options.largest_worker, seed=options.seed, k=options.k,
+                lambda_cost=options.lambda_cost, mlp_steps=options.mlp_steps)
+        finally:
+            closer = getattr(wrapped.pool, "aclose", None)
+            if closer is not None:
+                await closer()
+
+    console.print(f"baselines {', '.join(options.routers)}: {len(evaluation)} questions"
+                  + (f", trained on {len(train)}" if learned else ""))
+    table = asyncio.run(run())
+    stats: ReplayStats = wrapped.stats
+    console.print(f"worker cache: {stats.hits} hits, {stats.recorded} calls made, "
+                  f"{stats.coalesced} coalesced")
+    set_of = {(r.dataset, r.sample_id): s for s, r in questions}
+    meta = {"kind": BASELINE_KIND, "checkpoint": None, "step": None, "force_mode": None,
+            "dialect": None, "workers": cfg.workers.pool,
+            "worker_temperature": options.worker_temperature, "alpha": None,
+            "sets": [s.name for s in sets], "limit": options.limit,
+            "train_sets": list(options.train_sets), "train_questions": len(train),
+            "largest_worker": options.largest_worker, "k": options.k,
+            "lambda_cost": options.lambda_cost, "seed": options.seed,
+            "mlp_steps": options.mlp_steps, "config": redact_secrets(to_dict(cfg))}
+    results = {}
+    for name, rows in table.items():
+        rows = [{**row, "set": set_of[report.row_key(row)]} for row in rows]
+        results[name] = dataclasses.replace(_write_baseline(out / name, name, rows, meta),
+                                            replay=stats)
+    return results
+
+
+# ------------------------------------------------------------------------------ comparison
+def _same_workers(cfg: TrainConfig, other: TrainConfig) -> None:
+    fields = ("pool", "seed", "failure_rate")
+    diff = {f: (getattr(cfg.workers, f), getattr(other.workers, f)) for f in fields
+            if getattr(cfg.workers, f) != getattr(other.workers, f)}
+    if diff:
+        raise ValueError(f"the Router-R1 config's workers differ from the router's ({diff}); "
+                         "the rows would not share workers: align workers.* (overrides or "
+                         "--router-r1-config)")
+
+
+def _comparison_rows(result: EvalResult, keys: list[tuple[str, str]]
+                     ) -> list[dict[str, Any]]:
+    """`result`'s rows of exactly `keys`; ValueError if one is missing."""
+    by_key = {report.row_key(r): r for r in result.rows}
+    missing = [k for k in keys if k not in by_key]
+    if missing:
+        raise ValueError(f"{result.out_dir}: no rows for {len(missing)} evaluation "
+                         f"question(s), e.g. {missing[:3]}")
+    return [by_key[k] for k in keys]
+
+
+def run_comparison(cfg: TrainConfig, options: CompareOptions, *,
+                   r1_cfg: TrainConfig | None = None, pool: WorkerPool | None = None,
+                   embedder: Any = None, console: Console | None = None
+                   ) -> dict[str, report.Summary]:
+    """Run every row of the comparison (module doc) and write OUT/comparison.*; returns name
+    -> `report.Summary` in table order (router, forced_*, router_r1, baselines). `cfg`: the
+    router's config; `r1_cfg`: Router-R1's (needed with ``options.router_r1``). `pool`: the
+    raw worker pool instead of the configs' (tests)."""
+    console = console or Console()
+    if cfg.rollout.dialect == "router_r1":
+        raise ValueError("--checkpoint must be a RouteWeaver router (its config has "
+                         "rollout.dialect: router_r1); give a Router-R1 checkpoint with "
+                         "--router-r1")
+    if options.router_r1:
+        if r1_cfg is None:
+            raise ValueError("router_r1: its config is needed (--router-r1-config)")
+        if r1_cfg.rollout.dialect != "router_r1":
+            raise ValueError("--router-r1: its config must have rollout.dialect: router_r1")
+        _same_workers(cfg, r1_cfg)
+    out = Path(options.out_dir)
+    _check_baseline_dirs(out, options.routers)
+    baseline_options = options.baseline_options(options.cache or str(out / CACHE_FILE))
+    out.mkdir(parents=True, exist_ok=True)
+    cache = baseline_options.cache
+    sets = load_sets(options.sets, cfg)
+    keys = [(r.dataset, r.sample_id) for _, r in ordered_questions(sets, options.limit)]
+    if not keys:
+        raise ValueError(f"{out}: nothing to evaluate (empty sets or --limit 0)")
+    results: dict[str, EvalResult] = {}
+
+    runs: list[tuple[str, Any]] = [(ROUTER, None), *((forced_name(m), m) for m in FORCED_MODES)]
+    base = options.eval_options(options.checkpoint, out / ROUTER, ROUTER, cache)
+    with Evaluator(cfg, base, pool=pool, eval_sets=sets, console=console) as evaluator:
+        for name, mode in runs:
+            results[name] = evaluator.evaluate(dataclasses.replace(
+                base, out_dir=str(out / name), name=name, force_mode=mode))
+    if options.router_r1:
+        assert r1_cfg is not None
+        r1 = options.eval_options(options.router_r1, out / ROUTER_R1, ROUTER_R1, cache)
+        with Evaluator(r1_cfg, r1, pool=pool, eval_sets=sets, console=console) as evaluator:
+            results[ROUTER_R1] = evaluator.evaluate()
+    results.update(run_baselines(cfg, baseline_options, pool=pool,
+                                 eval_sets=sets, embedder=embedder, console=console))
+
+    summaries = {name: report.summarize(_comparison_rows(result, keys), router=name,
+                                        alpha=result.summary.alpha)
+                 for name, result in results.items()}
+    paths = report.write_comparison(summaries, out)
+    console.print(report.console_table(summaries))
+    console.print(f"wrote {', '.join(str(p) for p in paths)}")
+    return summaries
