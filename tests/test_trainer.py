@@ -115,11 +115,17 @@ def test_gradient_matches_direct_autodiff_of_the_loss():
     assert_grads_close(want, got, rtol=1e-5)
 
 
+def support_rows(seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Five random selector prompts and three declarations shaped like `<mode>m</mode>`; the
+    third's word is two tokens (42, 43), like `ag` + `entic`."""
+    rng = np.random.default_rng(seed)
+    prompts = [list(rng.integers(5, CFG.vocab_size, n)) for n in (9, 14, 11, 6, 13)]
+    return prompts, [[1, 2, 3, 40, 4, 5, 6], [1, 2, 3, 41, 4, 5, 6], [1, 2, 3, 42, 43, 4, 5, 6]]
+
+
 def test_support_gradient_equals_full_graph():
     """Chunked two-pass support gradient == autodiff through one unchunked forward."""
-    rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(5, CFG.vocab_size, n)) for n in (9, 14, 11, 6, 13)]
-    decls = [[1, 2, 3, 40, 4, 5, 6], [1, 2, 3, 41, 4, 5, 6], [1, 2, 3, 42, 43, 4, 5, 6]]
+    prompts, decls = support_rows(seed=0)
     sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8)
     assert sb.tokens.shape[:2] == (4, 4)  # 15 rows padded to 16, chunks of 4
     cfg = LossConfig(support_lambda0=0.5, support_floor=0.3, support_chunk=4)
@@ -149,9 +155,7 @@ def test_constrained_support_scores_the_grammar_choice():
     """With `constrained`, a declaration scores what a `Grammar.choice` sampler draws: the
     mode word's first token against the three first tokens (softmax over the model's own
     logits at that position), its forced continuation (43 after 42) at probability 1."""
-    rng = np.random.default_rng(3)
-    prompts = [list(rng.integers(5, CFG.vocab_size, n)) for n in (9, 14, 11, 6, 13)]
-    decls = [[1, 2, 3, 40, 4, 5, 6], [1, 2, 3, 41, 4, 5, 6], [1, 2, 3, 42, 43, 4, 5, 6]]
+    prompts, decls = support_rows(seed=3)
     sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8, constrained=True)
     cfg = LossConfig(support_lambda0=0.5, support_floor=0.45, support_chunk=4)
     trainer = Trainer(model(seed=1), OptimConfig(), cfg)
