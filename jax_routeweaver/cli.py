@@ -631,6 +631,14 @@ def _cache_arguments(p: argparse.ArgumentParser, default_cache: str) -> None:
                         "evaluated later without it evaluates only the rest)")
 
 
+def _worker_temperature_argument(p: argparse.ArgumentParser) -> None:
+    from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE
+
+    p.add_argument("--worker-temperature", type=float, default=DEFAULT_TEMPERATURE,
+                   help="sampling temperature of HTTP workers (default "
+                        f"{DEFAULT_TEMPERATURE}, the paper's)")
+
+
 def _baseline_arguments(p: argparse.ArgumentParser, *, train_required: bool) -> None:
     p.add_argument("--train-sets", required=train_required, nargs="+", action="extend",
                    default=[], metavar="SET",
@@ -672,8 +680,7 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
                      help="episodes sampled together (default: data.batch_size x "
                           "data.group_size)")
     run.add_argument("--name", default="", help="the router's name in rows and tables")
-    run.add_argument("--worker-temperature", type=float, default=0.2,
-                     help="sampling temperature of HTTP workers (default 0.2, the paper's)")
+    _worker_temperature_argument(run)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(eval_run=_eval_run)
 
@@ -691,8 +698,7 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     base.add_argument("--out", type=Path, required=True, help="output directory")
     _baseline_arguments(base, train_required=False)
     _cache_arguments(base, "OUT/worker_cache.jsonl")
-    base.add_argument("--worker-temperature", type=float, default=0.2,
-                      help="sampling temperature of HTTP workers (default 0.2)")
+    _worker_temperature_argument(base)
     base.set_defaults(eval_run=_eval_baselines)
 
     cmp = sub.add_parser(
@@ -719,8 +725,7 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     cmp.add_argument("--batch-size", type=int, default=0,
                      help="episodes sampled together (default: data.batch_size x "
                           "data.group_size)")
-    cmp.add_argument("--worker-temperature", type=float, default=0.2,
-                     help="sampling temperature of HTTP workers (default 0.2)")
+    _worker_temperature_argument(cmp)
     cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
     cmp.set_defaults(eval_run=_eval_compare)
 

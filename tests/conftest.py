@@ -28,3 +28,24 @@ def tiny_hf_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny_qwen3")
     make_hf_model(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """A persistent XLA compilation cache for one module (settings restored afterwards): runs
+    that build the same programs again (a resumed run, another sampler) load them instead of
+    compiling. Yields its directory; a subprocess gets it through the environment variables
+    JAX_COMPILATION_CACHE_DIR and JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0."""
+    from jax._src import compilation_cache  # reset: JAX reads the settings once
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    old = {k: jax.config.values[k] for k in keys}
+    path = tmp_path_factory.mktemp("xla_cache")
+    jax.config.update(keys[0], str(path))
+    jax.config.update(keys[1], 0.0)
+    compilation_cache.reset_cache()
+    yield path
+    for k, v in old.items():
+        jax.config.update(k, v)
+    compilation_cache.reset_cache()
+

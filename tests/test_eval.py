@@ -10,7 +10,6 @@ import json
 import math
 from pathlib import Path
 
-import jax
 import pytest
 from openai_stub import KEY_ENV, PROXY_VARS, SECRET, SimServer, channel_file
 from rich.console import Console
@@ -21,7 +20,12 @@ from jax_routeweaver.config import dump_config
 from jax_routeweaver.eval import evaluate as evaluate_module
 from jax_routeweaver.eval import report
 from jax_routeweaver.eval.baselines import BASELINE_NAMES
-from jax_routeweaver.eval.compare import BaselineOptions, load_train_records, run_baselines
+from jax_routeweaver.eval.compare import (
+    BaselineOptions,
+    CompareOptions,
+    load_train_records,
+    run_baselines,
+)
 from jax_routeweaver.eval.evaluate import (
     CatalogOnlyPool,
     EvalOptions,
@@ -49,21 +53,8 @@ R1_TINY = ["rollout.max_new_tokens=128", "rollout.router_r1.max_turns=1",
            "rollout.router_r1.trajectory_max_tokens=768"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    """Every `evaluate` builds its own sampler, whose programs XLA would compile again; a
-    persistent compilation cache makes the later ones cheap (restored afterwards)."""
-    from jax._src import compilation_cache  # reset: JAX reads the settings once
-
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    old = {k: jax.config.values[k] for k in keys}
-    jax.config.update(keys[0], str(tmp_path_factory.mktemp("xla_cache")))
-    jax.config.update(keys[1], 0.0)
-    compilation_cache.reset_cache()
-    yield
-    for k, v in old.items():
-        jax.config.update(k, v)
-    compilation_cache.reset_cache()
+# Every `evaluate` builds its own sampler, whose programs XLA would compile again.
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 @pytest.fixture(scope="module")
@@ -365,6 +356,13 @@ def test_train_questions_never_include_evaluation_questions():
         load_train_records(["synthetic:10:1"], cfg, evaluation)
     with pytest.raises(ValueError, match="--train-sets"):
         BaselineOptions(sets=(SETS,), out_dir="x", routers=("random", "knn"))
+    # The comparison checks its baselines' options before it evaluates any router.
+    with pytest.raises(ValueError, match="--train-sets"):
+        CompareOptions(checkpoint="c", sets=(SETS,), out_dir="x", routers=("knn",))
+    with pytest.raises(ValueError, match="replay='offline'"):
+        CompareOptions(checkpoint="c", sets=(SETS,), out_dir="x", replay="offline")
+    with pytest.raises(ValueError, match="limit=-1"):
+        EvalOptions(checkpoint="c", sets=(SETS,), out_dir="x", limit=-1)
     assert cli.BASELINES == BASELINE_NAMES
     assert cli.main(["eval", "baselines", "--config", str(QUICKSTART), "--sets", SETS,
                      "--out", "x", "--routers", "random,best"]) == 2

@@ -68,8 +68,11 @@ def test_print_config_resolves_overrides(capsys):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_repeats_the_uninterrupted_run(tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+def test_sigkill_mid_run_then_resume_repeats_the_uninterrupted_run(tmp_path, compile_cache):
+    # The four runs build the same programs: the later ones load them from the cache.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+           "JAX_COMPILATION_CACHE_DIR": str(compile_cache),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     whole = tmp_path / "whole"
     subprocess.run(train_cmd(whole), check=True, env=env, capture_output=True, timeout=900)
     expected = read_metrics(whole / "metrics.jsonl")

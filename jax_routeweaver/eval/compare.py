@@ -50,11 +50,12 @@ from jax_routeweaver.eval.evaluate import (
     EvalSet,
     Evaluator,
     build_eval_pool,
+    check_run_options,
     load_sets,
 )
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.calls import WorkerPool
-from jax_routeweaver.routing.replay import REPLAY_MODES, ReplayMode, ReplayStats
+from jax_routeweaver.routing.replay import ReplayMode, ReplayStats
 
 ROUTER = "router"
 ROUTER_R1 = "router_r1"
@@ -94,15 +95,10 @@ class BaselineOptions:
         if unknown or not self.routers or len(set(self.routers)) != len(self.routers):
             raise ValueError(f"routers={list(self.routers)}: expected distinct names from "
                              f"{list(BASELINE_NAMES)}")
-        if self.replay not in REPLAY_MODES:
-            raise ValueError(f"replay={self.replay!r}: expected one of {list(REPLAY_MODES)}")
-        if self.limit is not None and self.limit < 0:
-            raise ValueError(f"limit={self.limit}: must be >= 0")
+        check_run_options(self.sets, self.replay, self.limit)
         if self.k < 1 or not self.lambda_cost >= 0:
             raise ValueError(f"k={self.k}, lambda_cost={self.lambda_cost}: need k >= 1 and "
                              "lambda_cost >= 0")
-        if not self.sets:
-            raise ValueError("no evaluation sets given")
         learned = [n for n in self.routers if n in LEARNED]
         if learned and not self.train_sets:
             raise ValueError(f"routers {learned} learn from training questions: give "
@@ -132,6 +128,11 @@ class CompareOptions:
     seed: int = 0
     worker_temperature: float = WORKER_TEMPERATURE
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        # Validate (as BaselineOptions does) before any row is evaluated, not when the
+        # baselines' turn comes.
+        self.baseline_options(self.cache)
 
     def baseline_options(self, cache: str) -> BaselineOptions:
         return BaselineOptions(

@@ -84,17 +84,28 @@ from jax_routeweaver.routing.replay import (
 )
 from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
 from jax_routeweaver.routing.simulated import synthetic_tasks
-from jax_routeweaver.routing.workers import HttpWorkerPool, load_channels
+from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE, HttpWorkerPool, load_channels
 from jax_routeweaver.sampling.constraints import GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampler
 
 CACHE_FILE = "worker_cache.jsonl"
 SYNTHETIC = "synthetic"
 SYNTHETIC_DEFAULT_QUERIES = 100
-WORKER_TEMPERATURE = 0.2  # reference §4.5 / §7.4: router.worker_temperature
+WORKER_TEMPERATURE = DEFAULT_TEMPERATURE  # reference §4.5 / §7.4: router.worker_temperature
 # What must match between a dump's rows and a run appending to it.
 _IDENTITY_KEYS = ("router", "checkpoint", "step", "force_mode", "dialect", "workers",
                   "worker_temperature")
+
+
+def check_run_options(sets: Sequence[str], replay: str, limit: int | None) -> None:
+    """The checks every evaluation command shares: some sets, a known cache mode, a limit
+    >= 0. Raises ValueError naming the field."""
+    if replay not in REPLAY_MODES:
+        raise ValueError(f"replay={replay!r}: expected one of {list(REPLAY_MODES)}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit={limit}: must be >= 0")
+    if not sets:
+        raise ValueError("no evaluation sets given")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,14 +132,9 @@ class EvalOptions:
         if self.force_mode is not None and self.force_mode not in FORCED_MODES:
             raise ValueError(f"force_mode={self.force_mode!r}: expected one of "
                              f"{list(FORCED_MODES)}")
-        if self.replay not in REPLAY_MODES:
-            raise ValueError(f"replay={self.replay!r}: expected one of {list(REPLAY_MODES)}")
-        if self.limit is not None and self.limit < 0:
-            raise ValueError(f"limit={self.limit}: must be >= 0")
+        check_run_options(self.sets, self.replay, self.limit)
         if self.batch_size < 0:
             raise ValueError(f"batch_size={self.batch_size}: must be >= 0")
-        if not self.sets:
-            raise ValueError("no evaluation sets given")
 
 
 @dataclasses.dataclass

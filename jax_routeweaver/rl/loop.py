@@ -206,9 +206,19 @@ class _Run:
     def __init__(self, cfg: TrainConfig, console: Console,
                  runtime: distributed.Runtime | None = None):
         self.cfg, self.console = cfg, console
+        self.sidecar: Sidecar | None = None
+        try:
+            self._build(runtime)
+        except BaseException:
+            if self.sidecar is not None:  # a server process: do not leave it running
+                self.sidecar.close()
+            raise
         # One event loop for the whole run: an HTTP worker pool keeps its client and
         # concurrency limit on the loop of its first call (a fresh loop per step broke step 2).
         self.events = asyncio.new_event_loop()
+
+    def _build(self, runtime: distributed.Runtime | None) -> None:
+        cfg, console = self.cfg, self.console
         self.runtime = runtime or distributed.Runtime()
         if self.runtime.num_processes > 1 and cfg.rollout.sampler != "vllm":
             # The in-process sampler is one SPMD program over all hosts' devices: every host
@@ -237,7 +247,6 @@ class _Run:
             batch_size=d.batch_size, group_size=d.group_size, quotas=d.quotas or None,
             shuffle=d.shuffle, seed=d.seed, num_batches=None if d.repeat else cfg.steps,
             repeat=d.repeat))
-        self.sidecar: Sidecar | None = None
         self.sync_times: dict[str, float] = {}
         if cfg.rollout.sampler == "vllm":
             # One sidecar per host, each with its own work directory.

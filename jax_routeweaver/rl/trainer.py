@@ -576,8 +576,9 @@ def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pa
         # tokens of every declaration sharing its prefix (the choice trie's branches).
         options = np.full((n, width, len(declarations)), -1, np.int32)
         options[..., 0] = np.take_along_axis(tokens, index, axis=1)
+        per_mode = [_choice_options(declarations, m) for m in range(len(declarations))]
         for i, (_, _, _, _, _, m) in enumerate(rows):
-            options[i, :len(declarations[m])] = _choice_options(declarations, m)
+            options[i, :len(declarations[m])] = per_mode[m]
     c = n // chunk
     shape = lambda a: jnp.asarray(a.reshape(c, chunk, *a.shape[1:]))
     return SupportBatch(shape(tokens), shape(positions), shape(mask), shape(index),
