@@ -48,4 +48,3 @@ def compile_cache(tmp_path_factory):
     for k, v in old.items():
         jax.config.update(k, v)
     compilation_cache.reset_cache()
-

@@ -44,7 +44,6 @@ from jax_routeweaver.eval import report
 from jax_routeweaver.eval.baselines import BASELINE_NAMES, aevaluate_baselines
 from jax_routeweaver.eval.evaluate import (
     CACHE_FILE,
-    WORKER_TEMPERATURE,
     EvalOptions,
     EvalResult,
     EvalSet,
@@ -56,6 +55,7 @@ from jax_routeweaver.eval.evaluate import (
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.calls import WorkerPool
 from jax_routeweaver.routing.replay import ReplayMode, ReplayStats
+from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE
 
 ROUTER = "router"
 ROUTER_R1 = "router_r1"
@@ -88,7 +88,7 @@ class BaselineOptions:
     lambda_cost: float = 0.0
     seed: int = 0
     mlp_steps: int = 300
-    worker_temperature: float = WORKER_TEMPERATURE
+    worker_temperature: float = DEFAULT_TEMPERATURE
 
     def __post_init__(self) -> None:
         unknown = [n for n in self.routers if n not in BASELINE_NAMES]
@@ -126,7 +126,7 @@ class CompareOptions:
     k: int = 10
     lambda_cost: float = 0.0
     seed: int = 0
-    worker_temperature: float = WORKER_TEMPERATURE
+    worker_temperature: float = DEFAULT_TEMPERATURE
     progress: bool = True
 
     def __post_init__(self) -> None:

@@ -91,7 +91,6 @@ from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampl
 CACHE_FILE = "worker_cache.jsonl"
 SYNTHETIC = "synthetic"
 SYNTHETIC_DEFAULT_QUERIES = 100
-WORKER_TEMPERATURE = DEFAULT_TEMPERATURE  # reference §4.5 / §7.4: router.worker_temperature
 # What must match between a dump's rows and a run appending to it.
 _IDENTITY_KEYS = ("router", "checkpoint", "step", "force_mode", "dialect", "workers",
                   "worker_temperature")
@@ -125,7 +124,7 @@ class EvalOptions:
     limit: int | None = None
     batch_size: int = 0
     name: str = ""
-    worker_temperature: float = WORKER_TEMPERATURE
+    worker_temperature: float = DEFAULT_TEMPERATURE  # reference §4.5 / §7.4
     progress: bool = True
 
     def __post_init__(self) -> None:
