@@ -18,7 +18,7 @@ norm differ by more than 1e-3 relative, since then the timing compares different
 That step doubles as the warm-up (compile); then the median of `--repeats` steps per side.
 
     .venv/bin/python bench/train_step.py [--layers 4 --hidden 256 --vocab 32000 --batch 8
-                                          --seq 256 --repeats 5]
+                                          --seq 256 --repeats 5 --causal-parts 1]
 
 With `--json PATH` it also writes both tables and the ratio as JSON (`suite.write_bench_json`);
 nothing is written when the first-step check fails.
@@ -160,6 +160,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--causal-parts", type=int, default=1,
+                    help="model.causal_parts of our side (1: every attention block reads "
+                         "every key)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -171,7 +174,7 @@ def main() -> None:
         max_position_embeddings=max(4096, args.seq)).float().train()
     with tempfile.TemporaryDirectory() as tmp:
         hf_model.save_pretrained(Path(tmp))
-        model = load_hf(tmp)
+        model = load_hf(tmp, causal_parts=args.causal_parts)
     batch = make_batch(args.batch, args.seq, args.vocab)
     trainer = Trainer(model, OptimConfig(), LossConfig(micro_batch_size=0),
                       temperature=TEMPERATURE)
@@ -181,7 +184,8 @@ def main() -> None:
     console.print(f"jax {jax.__version__} on {jax.devices()[0].platform} "
                   f"({len(jax.devices())} device(s)), torch {torch.__version__} with "
                   f"{torch.get_num_threads()} threads; config: layers={args.layers} "
-                  f"hidden={args.hidden} vocab={args.vocab}; batch B={args.batch} "
+                  f"hidden={args.hidden} vocab={args.vocab} causal_parts={args.causal_parts}; "
+                  f"batch B={args.batch} "
                   f"T={args.seq}, {int(batch['response_mask'].sum())} response tokens, "
                   f"{int(batch['mode_mask'].sum())} mode tokens")
 

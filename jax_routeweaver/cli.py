@@ -261,7 +261,8 @@ def _plan(args: argparse.Namespace) -> int:
         for remat in remats:
             plan = plan_config(cfg, arch, target, shape, devices=devices, remat=remat)
             fits = plan.fits(target.memory_gib)
-            table.add_row(target.name, "x".join(map(str, plan.mesh)), remat, gib(plan.params),
+            label = remat if plan.remat_groups == 1 else f"{remat} ({plan.remat_groups} groups)"
+            table.add_row(target.name, "x".join(map(str, plan.mesh)), label, gib(plan.params),
                           gib(plan.optimizer), gib(plan.reference), gib(plan.update.peak),
                           gib(plan.logprobs.peak),
                           f"{plan.peak / GIB:.1f} / {target.memory_gib:g}",

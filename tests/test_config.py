@@ -58,10 +58,18 @@ def test_rope_frequencies_match_transformers(cls, rope):
 
 
 @pytest.mark.parametrize(("field", "value"), [("remat", "sometimes"), ("dtype", "int8"),
-                                              ("param_dtype", "fp32")])
+                                              ("param_dtype", "fp32"), ("causal_parts", 0)])
 def test_bad_runtime_options(field, value):
     with pytest.raises(ConfigError, match=field):
         ModelConfig.from_hf(QWEN3_4B_2507, **{field: value})
+
+
+@pytest.mark.parametrize("groups", [0, 5])
+def test_remat_groups_must_divide_the_layers(groups):
+    with pytest.raises(ConfigError, match=f"remat_groups={groups} must be >= 1 and divide "
+                                          "num_layers=36"):
+        ModelConfig.from_hf(QWEN3_4B_2507, remat_groups=groups)
+    assert ModelConfig.from_hf(QWEN3_4B_2507, remat_groups=6).remat_groups == 6
 
 
 def test_missing_or_malformed_config(tmp_path):

@@ -91,6 +91,14 @@ def test_rewards_and_accuracy(batch_metrics):
         "reward/by_domain_mode/MATH/invalid": -1.0,
         "reward/by_domain_mode/MATH/agentic": 1 / 3,
         "reward/by_domain_mode/RECALL/single": 2 / 3})
+    assert {k: m[k] for k in m if k.startswith("reward/eff_by_domain_mode/")} == pytest.approx({
+        "reward/eff_by_domain_mode/MATH/single": 0.5, "reward/eff_by_domain_mode/MATH/multi": 0.0,
+        "reward/eff_by_domain_mode/MATH/invalid": -1.0,
+        "reward/eff_by_domain_mode/MATH/agentic": 0.25 / 3,
+        "reward/eff_by_domain_mode/RECALL/single": 1 / 3})
+    assert m["rows/by_domain_mode/MATH/agentic"] == 3.0
+    assert m["rows/by_domain_mode/RECALL/single"] == 3.0
+    assert m["rows/by_domain_mode/MATH/multi"] == 1.0
     assert m["accuracy/mean"] == pytest.approx(4 / 9)
     assert m["accuracy/by_domain/MATH"] == pytest.approx(1 / 3)
     assert m["accuracy/by_domain/RECALL"] == pytest.approx(2 / 3)

@@ -117,16 +117,43 @@ def test_scan_and_remat_do_not_change_results(tiny_hf_dir, runtime):
         np.testing.assert_allclose(a[...], b[...], rtol=1e-5, atol=1e-5, err_msg=str(pa))
 
 
-def test_kv_cache_decode_matches_full_forward(tiny_hf_dir):
-    """Prefill a left-padded prompt then feed tokens one by one: same logits as one pass."""
-    model = load_hf(tiny_hf_dir)
+@pytest.mark.parametrize("runtime", [dict(remat="full", remat_groups=2),
+                                     dict(remat="none", remat_groups=4),
+                                     dict(remat="full", remat_groups=2, scan_layers=False)])
+def test_layer_groups_do_not_change_results(tmp_path, runtime):
+    """Grouped (nested) remat recomputes, never changes: loss and every gradient as one scan."""
+    from flax import nnx
+
+    make_hf_model(tmp_path, num_hidden_layers=4)
+    base, other = load_hf(tmp_path), load_hf(tmp_path, **runtime)
+    assert other.config.remat_groups == runtime["remat_groups"]
+    args = tuple(jnp.asarray(a) for a in padded_batch(256))
+
+    def loss(model):
+        return token_logprobs(model, *args, chunk_size=8).sum()
+
+    la, ga = nnx.value_and_grad(loss)(base)
+    lb, gb = nnx.value_and_grad(loss)(other)
+    np.testing.assert_allclose(la, lb, rtol=1e-6)
+    # fp32 summation order differs (gradients up to ~70 here): 1e-4, not bit equality
+    for (pa, a), (_, b) in zip(nnx.to_flat_state(ga), nnx.to_flat_state(gb), strict=True):
+        np.testing.assert_allclose(a[...], b[...], rtol=1e-4, atol=1e-4, err_msg=str(pa))
+
+
+@pytest.mark.parametrize(("empty_cache", "block"), [(False, 512), (False, 5), (True, 5)])
+def test_kv_cache_decode_matches_full_forward(tiny_hf_dir, empty_cache, block):
+    """Prefill a left-padded prompt then feed tokens one by one: same logits as one pass,
+    whether the prefill reads the cache's slots (blocked or dense) or, told the cache is
+    empty, attends among its own tokens in causal blocks."""
+    model = load_hf(tiny_hf_dir, attention_block=block, causal_parts=3)
     tokens, positions, mask = padded_batch(256)
     full = jax_logits(model, tokens, positions, mask)
     P = 16
     cache = init_cache(model.config, batch=4, max_len=32)
-    logits, cache = model(jnp.asarray(tokens[:, :P]), jnp.asarray(positions[:, :P]),
-                          jnp.asarray(mask[:, :P]), cache)
-    steps = [np.asarray(logits)]
+    hidden, cache = model.hidden_states(jnp.asarray(tokens[:, :P]), jnp.asarray(positions[:, :P]),
+                                        jnp.asarray(mask[:, :P]), cache,
+                                        empty_cache=empty_cache)
+    steps = [np.asarray(model.logits(hidden))]
     for t in range(P, tokens.shape[1]):
         logits, cache = model(jnp.asarray(tokens[:, t:t + 1]), jnp.asarray(positions[:, t:t + 1]),
                               jnp.asarray(mask[:, t:t + 1]), cache)
@@ -185,9 +212,11 @@ def test_bf16_compute_is_close_to_fp32(tiny_hf_dir):
     assert np.abs(out - f32)[valid].max() < 0.1
 
 
-def test_block_attention_matches_dense_on_long_sequences():
+@pytest.mark.parametrize("self_attention", [False, True])
+def test_block_attention_matches_dense_on_long_sequences(self_attention):
     """Past ATTENTION_BLOCK queries, attention runs block by block (memory linear in T):
-    same values and gradients as the dense [B, T, S] computation, padding included."""
+    same values and gradients (for q, k and v) as the dense [B, T, S] computation, padding
+    included; with `self_attention` the blocks above the causal diagonal are skipped."""
     from jax_routeweaver.models import qwen3 as q3
 
     rng = np.random.default_rng(0)
@@ -195,16 +224,41 @@ def test_block_attention_matches_dense_on_long_sequences():
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, n, H)), jnp.float32) for n in (N, K, K))
     valid = jnp.asarray(np.arange(T)[None] < np.array([[T - 150], [T]]))
     mask = q3.AttentionMask(valid, jnp.arange(T), jnp.arange(T))
-    np.testing.assert_allclose(q3.attention(q, k, v, mask), q3._attend(q, k, v, mask.dense()),
-                               atol=1e-5)
-    loss = lambda f: lambda q: (f(q) * v[:, :, :1].repeat(N, 2)).sum()
-    g_block = jax.grad(loss(lambda q: q3.attention(q, k, v, mask)))(q)
-    g_dense = jax.grad(loss(lambda q: q3._attend(q, k, v, mask.dense())))(q)
-    np.testing.assert_allclose(g_block, g_dense, atol=1e-4)
+    blocked = lambda q, k, v: q3.attention(q, k, v, mask, self_attention=self_attention,
+                                           causal_parts=4)
+    dense = lambda q, k, v: q3._attend(q, k, v, mask.dense())
+    np.testing.assert_allclose(blocked(q, k, v), dense(q, k, v), atol=1e-5)
+    weight = jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.float32)
+    loss = lambda f: lambda *qkv: (f(*qkv) * weight).sum()
+    for g_block, g_dense in zip(jax.grad(loss(blocked), argnums=(0, 1, 2))(q, k, v),
+                                jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v), strict=True):
+        np.testing.assert_allclose(g_block, g_dense, atol=1e-4)
 
 
+def test_self_attention_blocks_skip_the_upper_triangle():
+    """The causal-prefix path compiles to fewer FLOPs than reading every key in every block."""
+    from jax_routeweaver.models import qwen3 as q3
+
+    B, T, N, K, H = 1, 1024, 2, 1, 16
+    q = jnp.zeros((B, T, N, H))
+    k = v = jnp.zeros((B, T, K, H))
+    mask = q3.AttentionMask(jnp.ones((B, T), bool), jnp.arange(T), jnp.arange(T))
+
+    def flops(f):
+        return jax.jit(f).lower(q, k, v).compile().cost_analysis()["flops"]
+
+    # (The blocked path without `self_attention` is a loop, which cost analysis counts once;
+    # the dense computation is the same work in one piece.)
+    full = flops(lambda q, k, v: q3._attend(q, k, v, mask.dense()))
+    causal = flops(lambda q, k, v: q3.attention(q, k, v, mask, 128, self_attention=True,
+                                                causal_parts=8))
+    # 8 blocks of 128: (1 + ... + 8) / 64 = 0.5625 of the score blocks
+    assert causal < 0.65 * full, (causal, full)
+
+
+@pytest.mark.parametrize("self_attention", [False, True])
 @pytest.mark.parametrize("block", [7, 64])
-def test_attention_block_size_changes_memory_not_values(block):
+def test_attention_block_size_changes_memory_not_values(block, self_attention):
     """`ModelConfig.attention_block` (any size, uneven splits included) gives the logits of
     the default block; a block below 1 is a config error."""
     from jax_routeweaver.models import qwen3 as q3
@@ -214,7 +268,8 @@ def test_attention_block_size_changes_memory_not_values(block):
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, n, H)), jnp.float32) for n in (N, K, K))
     valid = jnp.asarray(np.arange(T)[None] < np.array([[T - 40], [T]]))
     mask = q3.AttentionMask(valid, jnp.arange(T), jnp.arange(T))
-    np.testing.assert_allclose(q3.attention(q, k, v, mask, block),
+    np.testing.assert_allclose(q3.attention(q, k, v, mask, block, self_attention=self_attention,
+                                            causal_parts=8),
                                q3._attend(q, k, v, mask.dense()), atol=1e-5)
     with pytest.raises(ConfigError, match="attention_block=0"):
         ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,

@@ -89,6 +89,20 @@ def test_activation_memory_grows_with_length_and_remat_saves_it(devices):
     assert full.logprobs.arguments == long.logprobs.arguments
 
 
+def test_layer_groups_keep_fewer_residual_streams(devices):
+    """remat_groups=4 on 16 layers keeps 4 + 4 layer inputs for the backward pass instead of
+    16: the update's temporaries shrink, its arguments (the state) do not change."""
+    deep = PLAN_CFG.replace(num_layers=16, remat="full")
+    shape = StepShape(rows=8, length=2048, policy_tokens=512, rows_per_device=1)
+    one, grouped = (memory_plan(deep.replace(remat_groups=g), shape, mesh_shape=(1, 8, 1),
+                                devices=jax.devices()[:8], optim=OptimConfig(),
+                                loss=LossConfig()) for g in (1, 4))
+    assert grouped.remat_groups == 4 and grouped.as_dict()["remat_groups"] == 4
+    assert grouped.as_dict()["causal_parts"] == 1
+    assert grouped.update.arguments == one.update.arguments
+    assert grouped.update.temporaries < one.update.temporaries, (grouped.update, one.update)
+
+
 def test_support_rows_and_fit_decision(devices):
     without, with_support = plan(512), plan(512, support_queries=8)
     assert with_support.update.arguments > without.update.arguments

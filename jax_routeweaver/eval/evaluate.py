@@ -201,8 +201,7 @@ def load_router(cfg: TrainConfig, ckpt: RouterCheckpoint, mesh: Any) -> Any:
     """The checkpoint's `Qwen3`, with the config's dtypes and runtime options (as
     `rl.loop.build_policy` loads ``model.init``)."""
     m = cfg.model
-    runtime = dict(scan_layers=m.scan_layers, remat=m.remat, logprob_chunk=m.logprob_chunk,
-                   attention_block=m.attention_block)
+    runtime = m.runtime()
     if ckpt.kind == "hf":
         return load_hf(ckpt.path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype,
                        **runtime)

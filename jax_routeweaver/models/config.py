@@ -67,10 +67,16 @@ class ModelConfig:
 
     Runtime options: `param_dtype` (master weights), `dtype` (compute), `scan_layers`
     (`lax.scan` over the stacked layers instead of an unrolled loop: same params either way),
-    `remat` (one of REMAT_POLICIES, applied per layer), `logprob_chunk` (tokens per chunk when
-    computing per-token logprobs without materialising `[B, T, V]`), `attention_block`
+    `remat` (one of REMAT_POLICIES, applied per layer), `remat_groups` (G > 1: the layers run
+    as G checkpointed groups of L/G, so the backward pass keeps G + L/G layer inputs instead
+    of L, for one more forward pass; G near sqrt(L) keeps the fewest), `logprob_chunk`
+    (tokens per chunk when computing per-token logprobs without materialising `[B, T, V]`),
+    `attention_block`
     (queries per block when attention runs block by block: the `[B, N, block, S]` fp32 scores
-    of one block are what long sequences hold at a time).
+    of one block are what long sequences hold at a time), `causal_parts` (P > 1: self-attention
+    splits the query blocks into P parts that each read only the keys up to the part's end,
+    (P + 1) / 2P of the attention work for about (P + 1) / 2 times the score memory: fast for
+    short rows, 1 for memory-bound long ones).
     """
 
     vocab_size: int
@@ -95,8 +101,10 @@ class ModelConfig:
     dtype: str = "float32"
     scan_layers: bool = True
     remat: str = "none"
+    remat_groups: int = 1
     logprob_chunk: int = 512
     attention_block: int = 512
+    causal_parts: int = 1
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -104,11 +112,15 @@ class ModelConfig:
                               f"num_key_value_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for RoPE")
-        if self.attention_block < 1 or self.logprob_chunk < 1:
-            raise ConfigError(f"attention_block={self.attention_block} and logprob_chunk="
-                              f"{self.logprob_chunk} must be >= 1")
+        if self.attention_block < 1 or self.logprob_chunk < 1 or self.causal_parts < 1:
+            raise ConfigError(f"attention_block={self.attention_block}, logprob_chunk="
+                              f"{self.logprob_chunk} and causal_parts={self.causal_parts} "
+                              "must be >= 1")
         if self.remat not in REMAT_POLICIES:
             raise ConfigError(f"remat={self.remat!r}: expected one of {REMAT_POLICIES}")
+        if self.remat_groups < 1 or self.num_layers % self.remat_groups:
+            raise ConfigError(f"remat_groups={self.remat_groups} must be >= 1 and divide "
+                              f"num_layers={self.num_layers}")
         rope_type = self.rope_type
         if rope_type not in ROPE_TYPES:
             raise ConfigError(f"rope_scaling type {rope_type!r} is not supported "

@@ -11,6 +11,7 @@ F intermediate, V vocab, L layers.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -114,13 +115,15 @@ class Qwen3(nnx.Module):
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                       cache: KVCache | None = None, *,
-                      batch_sharding: jax.sharding.Sharding | None = None
-                      ) -> tuple[jax.Array, KVCache | None]:
+                      batch_sharding: jax.sharding.Sharding | None = None,
+                      empty_cache: bool = False) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states `[B, T, D]` (compute dtype) and the updated cache.
 
         Without a cache, token i attends to tokens j <= i with attention_mask[j] = 1 (left or
         right padding). With a cache, the T tokens are written at slots `index .. index+T` and
-        attend to every earlier valid slot; `index` advances by T. `batch_sharding`: the
+        attend to every earlier valid slot; `index` advances by T. `empty_cache`: the caller
+        guarantees a fresh cache (index 0, no valid slot), so a prefill attends among its own
+        T tokens as without a cache (causal blocks, no reads of empty slots). `batch_sharding`: the
         `[B, T, D]` activations are constrained to it at every layer boundary (rows over the
         batch axes): with FSDP, weights and rows are split over the same mesh axis, and
         without the constraint XLA may gather the rows instead of the weights.
@@ -134,12 +137,15 @@ class Qwen3(nnx.Module):
         x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(dt))
         inv_freq, rope_scale = cfg.rope_inv_freq()
         cos, sin = rope_tables(positions, jnp.asarray(inv_freq), rope_scale)
+        self_attention = cache is None or empty_cache
         if cache is None:
-            mask = AttentionMask(attention_mask, jnp.arange(T), jnp.arange(T))
             start = None
         else:
             start = cache.index
             valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, start))
+        if self_attention:
+            mask = AttentionMask(attention_mask, jnp.arange(T), jnp.arange(T))
+        else:
             mask = AttentionMask(valid, start + jnp.arange(T), jnp.arange(cache.k.shape[2]))
 
         # The whole cache rides in the carry and each layer updates its slice in place, so a
@@ -147,23 +153,48 @@ class Qwen3(nnx.Module):
         def layer(carry: tuple, xs: tuple) -> tuple[tuple, None]:
             x, ck, cv = carry
             p, index = xs
-            x, ck, cv = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start, index)
+            x, ck, cv = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start, index,
+                                      self_attention=self_attention)
             return (constrain(x), ck, cv), None
 
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_REMAT[cfg.remat])
-        params = self.layers.arrays()
         carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
-        if cfg.scan_layers:
-            carry, _ = jax.lax.scan(layer, carry, (params, jnp.arange(cfg.num_layers)))
-        else:
-            for i in range(cfg.num_layers):
-                carry, _ = layer(carry, (jax.tree.map(lambda a, i=i: a[i], params), i))
+        carry = _run_layers(layer, carry, (self.layers.arrays(), jnp.arange(cfg.num_layers)),
+                            cfg.num_layers, cfg.remat_groups, cfg.scan_layers)
         x, ks, vs = carry
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         if cache is not None:
             cache = KVCache(ks, vs, valid, start + T)
         return x, cache
+
+
+def _run_layers(layer: Callable, carry: tuple, xs: tuple, num_layers: int, groups: int,
+                scan: bool) -> tuple:
+    """Apply `layer(carry, xs[i]) -> (carry, None)` for i < num_layers, as `lax.scan` or an
+    unrolled loop. With `groups` G > 1 the layers run as G groups of L/G, each group one
+    `jax.checkpoint` that saves only its input: the backward pass recomputes a group's forward
+    and then holds that group's L/G layer inputs, so G + L/G residual streams live at once
+    instead of L (Levanter's nested scan)."""
+    size = num_layers // groups
+
+    def run(carry: tuple, xs: tuple) -> tuple:
+        if scan:
+            return jax.lax.scan(layer, carry, xs)[0]
+        for i in range(size):
+            carry, _ = layer(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+        return carry
+
+    if groups == 1:
+        return run(carry, xs)
+    grouped = jax.tree.map(lambda a: a.reshape(groups, size, *a.shape[1:]), xs)
+    group = jax.checkpoint(lambda c, g: (run(c, g), None),
+                           policy=jax.checkpoint_policies.nothing_saveable)
+    if scan:
+        return jax.lax.scan(group, carry, grouped)[0]
+    for g in range(groups):
+        carry, _ = group(carry, jax.tree.map(lambda a, g=g: a[g], grouped))
+    return carry
 
 
 _REMAT = {
@@ -215,34 +246,70 @@ ATTENTION_BLOCK = 512
 """Default queries per block when a sequence is longer (`ModelConfig.attention_block`):
 scores are `[B, N, block, S]` at a time (rematerialised in the backward pass) instead of
 `[B, N, T, S]`."""
+CAUSAL_PARTS = 1
+"""Default `ModelConfig.causal_parts` of self-attention (1: every block reads every key)."""
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask | jax.Array,
-              block: int = ATTENTION_BLOCK) -> jax.Array:
+              block: int = ATTENTION_BLOCK, *, self_attention: bool = False,
+              causal_parts: int = CAUSAL_PARTS) -> jax.Array:
     """Grouped-query attention. q `[B, T, N, H]`, k, v `[B, S, K, H]`, mask an
     `AttentionMask` (or a dense `[B, T, S]` bool). Query head n uses kv head n // (N/K), as
     HF's `repeat_kv`. Softmax in fp32. Longer than `block` queries, it runs block by block
-    under `jax.checkpoint`, so memory is linear in T for a fixed S."""
+    under `jax.checkpoint`, so memory is linear in T for a fixed S.
+
+    `self_attention`: the caller guarantees q and k are the same T positions in order
+    (`q_slot = k_slot = arange(T)`, no cache), so with `causal_parts` P > 1 a query reads no
+    key past its own part of the sequence (`_causal_blocks`): (P + 1) / 2P of the score FLOPs
+    and softmax work (0.56 for 8 parts)."""
     T = q.shape[1]
     if not isinstance(mask, AttentionMask):
         return _attend(q, k, v, mask)
     if block >= T:
         return _attend(q, k, v, mask.dense())
-    blk = block
-    pad = (-T) % blk
+    if self_attention and causal_parts > 1:
+        return _causal_blocks(q, k, v, mask, block, causal_parts)
+    return _mapped_blocks(q, k, v, mask, block)
+
+
+def _mapped_blocks(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask,
+                   block: int) -> jax.Array:
+    """Query blocks one after another (`lax.map`), each reading every key in k, v, each
+    rematerialised in the backward pass."""
+    T = q.shape[1]
+    pad = (-T) % block
     qs = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
     # Padded queries get slot -1: they see no key, and are cut off below.
     slots = jnp.pad(mask.q_slot, (0, pad), constant_values=-1)
-    n = (T + pad) // blk
-    qs = qs.reshape(q.shape[0], n, blk, *q.shape[2:]).swapaxes(0, 1)
-    slots = slots.reshape(n, blk)
+    n = (T + pad) // block
+    qs = qs.reshape(q.shape[0], n, block, *q.shape[2:]).swapaxes(0, 1)
+    slots = slots.reshape(n, block)
 
     @jax.checkpoint
-    def block(q_blk: jax.Array, slot_blk: jax.Array) -> jax.Array:
+    def one(q_blk: jax.Array, slot_blk: jax.Array) -> jax.Array:
         return _attend(q_blk, k, v, AttentionMask(mask.kv_valid, slot_blk, mask.k_slot).dense())
 
-    out = jax.lax.map(lambda xs: block(*xs), (qs, slots))
-    return out.swapaxes(0, 1).reshape(q.shape[0], n * blk, *q.shape[2:])[:, :T]
+    out = jax.lax.map(lambda xs: one(*xs), (qs, slots))
+    return out.swapaxes(0, 1).reshape(q.shape[0], n * block, *q.shape[2:])[:, :T]
+
+
+def _causal_blocks(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask,
+                   block: int, causal_parts: int) -> jax.Array:
+    """Self-attention with the query blocks split into up to `causal_parts` consecutive parts;
+    each part is a `_mapped_blocks` over the key prefix its last query can see. XLA gives
+    each part's loop its own buffers, so one block's scores are held once per part (about
+    (P + 1) / 2 times the memory of one loop over all blocks); unrolled block by block
+    instead, it overlaps every block's scores."""
+    T = q.shape[1]
+    n = -(-T // block)
+    parts = min(n, causal_parts)
+    bounds = [round(i * n / parts) * block for i in range(parts + 1)]
+    outs = []
+    for start, end in itertools.pairwise(bounds):
+        end = min(end, T)
+        part = AttentionMask(mask.kv_valid[:, :end], mask.q_slot[start:end], mask.k_slot[:end])
+        outs.append(_mapped_blocks(q[:, start:end], k[:, :end], v[:, :end], part, block))
+    return jnp.concatenate(outs, axis=1)
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -259,11 +326,13 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
 def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array,
                   sin: jax.Array, mask: AttentionMask | jax.Array, cache_k: jax.Array | None,
                   cache_v: jax.Array | None, start: jax.Array | None, layer: jax.Array | int = 0,
+                  *, self_attention: bool = False
                   ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
     """One pre-norm block on x `[B, T, D]`; p holds one layer's weights (no `layers` axis).
 
     With a cache (all layers, `[L, B, S, K, H]`), k/v are written at `[layer, :, start:start+T]`
-    and attention reads that layer's slots.
+    and attention reads that layer's slots, unless `self_attention` (no cache, or a fresh
+    one): then the T tokens attend among themselves under `mask`'s causal order.
     """
     dt = x.dtype
     eps = cfg.rms_norm_eps
@@ -279,9 +348,11 @@ def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: 
         at = (layer, 0, start, 0, 0)
         cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), at)
         cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), at)
-        k = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False).astype(dt)
-        v = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False).astype(dt)
-    out = attention(q, k, v, mask, cfg.attention_block)
+        if not self_attention:
+            k = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False).astype(dt)
+            v = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False).astype(dt)
+    out = attention(q, k, v, mask, cfg.attention_block, self_attention=self_attention,
+                    causal_parts=cfg.causal_parts)
     x = x + jnp.einsum("btnh,nhd->btd", out, p["o_proj"].astype(dt))
     h = rms_norm(x, p["mlp_norm"], eps)
     gate = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))

@@ -42,7 +42,8 @@ from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, param_specs
 
 TOKENIZER_DIR = "tokenizer"
 # Runtime options a restore may change; architecture fields come from the checkpoint only.
-RUNTIME_OPTIONS = ("compute_dtype", "scan_layers", "remat", "logprob_chunk", "attention_block")
+RUNTIME_OPTIONS = ("compute_dtype", "scan_layers", "remat", "remat_groups", "logprob_chunk",
+                   "attention_block", "causal_parts")
 # Spelled out (it is orbax's default) because `step_dir` builds the same names.
 STEP_FORMAT = ocp.step.standard_name_format()
 

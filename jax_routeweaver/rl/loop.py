@@ -121,8 +121,7 @@ def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
     vocab_size (rounded up to 128) and the eos/pad/bos ids from the tokenizer unless given;
     ``init: hf`` loads the Hugging Face checkpoint directory in ``model.path``."""
     m = cfg.model
-    runtime = dict(scan_layers=m.scan_layers, remat=m.remat, logprob_chunk=m.logprob_chunk,
-                   attention_block=m.attention_block)
+    runtime = m.runtime()
     if m.init == "random":
         fields = {"vocab_size": -(-len(tokenizer) // 128) * 128,
                   "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,

@@ -120,6 +120,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
     if with_modes:
         for (domain, mode), idx in sorted(by(lambda i: (domains[i], modes[i])).items()):
             out[f"reward/by_domain_mode/{domain}/{mode}"] = _mean(r_task[i] for i in idx)
+            out[f"reward/eff_by_domain_mode/{domain}/{mode}"] = _mean(
+                float(rewards[i].r_eff) for i in idx)
+            out[f"rows/by_domain_mode/{domain}/{mode}"] = float(len(idx))
     out["accuracy/mean"] = _mean(float(r.correct) for r in rewards)
     for domain, idx in sorted(by_domain.items()):
         out[f"accuracy/by_domain/{domain}"] = _mean(float(rewards[i].correct) for i in idx)

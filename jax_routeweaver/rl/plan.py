@@ -125,6 +125,8 @@ class MemoryPlan:
 
     mesh: tuple[int, int, int]
     remat: str
+    remat_groups: int
+    causal_parts: int
     dtype: str
     shape: StepShape
     micro_batch: int
@@ -145,7 +147,9 @@ class MemoryPlan:
     def as_dict(self) -> dict[str, Any]:
         gib = lambda b: round(b / GIB, 2)
         return {
-            "mesh": list(self.mesh), "remat": self.remat, "dtype": self.dtype,
+            "mesh": list(self.mesh), "remat": self.remat,
+            "remat_groups": self.remat_groups, "causal_parts": self.causal_parts,
+            "dtype": self.dtype,
             "rows": self.shape.rows, "length": self.shape.length,
             "policy_tokens": self.shape.policy_tokens, "micro_batch": self.micro_batch,
             "rows_per_device": self.shape.rows_per_device,
@@ -232,7 +236,8 @@ def memory_plan(model: ModelConfig, shape: StepShape, *, mesh_shape: Sequence[in
     logp_mem = ProgramMemory.of(logp, time.perf_counter() - t)
     return MemoryPlan(
         mesh=tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")), remat=model.remat,
-        dtype=model.dtype, shape=shape, micro_batch=micro, params=bytes_per_device(params),
+        remat_groups=model.remat_groups, causal_parts=model.causal_parts, dtype=model.dtype,
+        shape=shape, micro_batch=micro, params=bytes_per_device(params),
         optimizer=bytes_per_device(trainer.state.opt_state),
         reference=bytes_per_device(trainer.ref_params), update=update_mem, logprobs=logp_mem)
 
@@ -285,9 +290,7 @@ def plan_config(cfg: Any, arch: ModelConfig, target: Target, shape: StepShape, *
         raise ValueError(f"planning {target.name} needs {target.devices} devices, have "
                          f"{len(devices)}")
     model = arch.replace(param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
-                         scan_layers=cfg.model.scan_layers, remat=remat,
-                         logprob_chunk=cfg.model.logprob_chunk,
-                         attention_block=cfg.model.attention_block)
+                         **{**cfg.model.runtime(), "remat": remat})
     return memory_plan(model, shape, mesh_shape=target.mesh,
                        devices=list(devices)[:target.devices], optim=cfg.optim,
                        loss=cfg.algo.loss, temperature=cfg.rollout.temperature)

@@ -38,8 +38,16 @@ class ModelSection:
     dtype: Literal["float32", "bfloat16"] = "float32"
     scan_layers: bool = True
     remat: Literal["none", "full", "dots", "dots_no_batch"] = "none"
+    remat_groups: int = 1
     logprob_chunk: int = 1024
     attention_block: int = 512
+    causal_parts: int = 1
+
+    def runtime(self) -> dict[str, Any]:
+        """The `ModelConfig` runtime options this section sets (not dtypes)."""
+        return dict(scan_layers=self.scan_layers, remat=self.remat,
+                    remat_groups=self.remat_groups, logprob_chunk=self.logprob_chunk,
+                    attention_block=self.attention_block, causal_parts=self.causal_parts)
 
 
 @dataclasses.dataclass(frozen=True)

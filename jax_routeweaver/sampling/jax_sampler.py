@@ -525,7 +525,7 @@ class JaxSampler:
         B, P = tokens.shape
         cache = init_cache(self.config, B, P + new_bucket, self._cache_dtype)
         cache = self._constrain_cache(cache)
-        hidden, cache = model.hidden_states(tokens, positions, mask, cache)
+        hidden, cache = model.hidden_states(tokens, positions, mask, cache, empty_cache=True)
         logits = model.logits(hidden[:, -1])  # left padding: the last slot is real in every row
         state = DecodeState(
             cache, logits, jnp.full((B, new_bucket), self._pad_id, jnp.int32),
