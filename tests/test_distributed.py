@@ -1,5 +1,6 @@
 """Multi-host: two processes x 4 CPU devices (jax.distributed, localhost coordinator, gloo)
-train exactly like one process with 8 devices; the runtime is set up from the environment."""
+train exactly like one process with 8 devices; the runtime is set up from the environment; the
+whole training loop runs on two processes."""
 
 import os
 import socket
@@ -14,6 +15,7 @@ from flax import nnx
 from jax_routeweaver.models.sharding import to_host
 from jax_routeweaver.rl import distributed
 from jax_routeweaver.rl.checkpoint import StateCheckpointer, restore_policy
+from jax_routeweaver.rl.run_log import read_metrics
 
 HERE = Path(__file__).parent
 
@@ -122,10 +124,41 @@ def test_host_shares_cover_the_batch_and_merge_back_in_order():
         assert merge_host_shares(rolled, k) == [f"{q}{i}" for q in queries for i in range(k)]
 
 
-def test_multi_process_training_needs_the_sidecar():
-    from jax_routeweaver.rl.loop import _Run
-    from jax_routeweaver.rl.train_config import load_train_config
+def test_two_hosts_run_the_training_loop(tmp_path):
+    """`routeweaver train` on two processes x 2 CPU devices: each host rolls out its share of
+    the queries with the in-process sampler (a policy replica on its own devices), every host
+    trains on the whole batch, and only process 0 writes the config, logs, plots and summary."""
+    out = tmp_path / "run"
+    quickstart = HERE.parent / "configs" / "quickstart.yaml"
+    cmd = [sys.executable, "-m", "jax_routeweaver.cli", "train", "--config", str(quickstart),
+           f"out_dir={out}", "steps=2", "data.batch_size=5", "data.group_size=2",
+           "data.quotas={MATH: 1, CODE: 1, KNOWLEDGE: 1, REASON: 1, RECALL: 1}",
+           "algo.exploration.forced_start_batch=0", "algo.exploration.forced_anneal_steps=1",
+           "rollout.max_new_tokens=48", "logging.progress=false",
+           "logging.tensorboard=false", "checkpoint.full_every=2"]
+    port = free_port()
+    procs = [subprocess.Popen(
+        cmd, env=worker_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                            JAX_PROCESS_ID=str(i),
+                            XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, text in zip(procs, outs, strict=True):
+        assert p.returncode == 0, text[-3000:]
 
-    cfg = load_train_config("configs/quickstart.yaml", [])
-    with pytest.raises(ValueError, match="multi-host training needs rollout.sampler: vllm"):
-        _Run(cfg, console=None, runtime=distributed.Runtime(0, 2, "explicit"))
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]  # one writer: no line twice
+    for r in records:
+        # Process 0 rolled out queries 0, 2, 4 of the five; the update saw all ten rows.
+        assert r["rollout/host_queries"] == 3
+        assert sum(v for k, v in r.items() if k.startswith("rows/by_domain/")) == 10
+        assert r["policy/version"] == r["step"]
+    assert (out / "config.yaml").is_file() and (out / "run.json").is_file()
+    assert (out / "reward.png").is_file() and (out / "mode_shares.png").is_file()
+    assert "reward: first" in outs[0] and "reward: first" not in outs[1]
+    model, step = restore_policy(out / "checkpoints" / "policy")
+    assert step == 2 and model.config.num_layers == 2

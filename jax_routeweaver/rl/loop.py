@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 from flax import nnx
 from rich.console import Console
@@ -30,7 +31,7 @@ from jax_routeweaver.data.records import ReadStats, Record, read_records
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.qwen3 import Qwen3
-from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded, make_mesh
+from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded, make_mesh, to_host
 from jax_routeweaver.models.tokenizer import (
     build_qwen3_tokenizer,
     load_tokenizer,
@@ -219,13 +220,6 @@ class _Run:
     def _build(self, runtime: distributed.Runtime | None) -> None:
         cfg, console = self.cfg, self.console
         self.runtime = runtime or distributed.Runtime()
-        if self.runtime.num_processes > 1 and cfg.rollout.sampler != "vllm":
-            # The in-process sampler is one SPMD program over all hosts' devices: every host
-            # would have to run the same episodes (and get the same worker replies) in step.
-            raise ValueError(f"{self.runtime.num_processes} processes: multi-host training "
-                             "needs rollout.sampler: vllm (each host rolls out its share of "
-                             "the queries on a sidecar); the in-process JAX sampler runs on "
-                             "one host")
         self.out = Path(cfg.out_dir)
         self.records = build_records(cfg, console)
         self.router_r1 = cfg.rollout.dialect == "router_r1"
@@ -256,12 +250,20 @@ class _Run:
         else:
             constraints = GrammarConstraints(self.tokenizer, model.config.vocab_size) \
                 if cfg.rollout.constrained else None
-            # The first round samples all B×K rows at once: make that an exact batch bucket.
-            rollouts = d.batch_size * d.group_size
+            # The first round samples all of this host's rows at once: make that an exact
+            # batch bucket.
+            processes = self.runtime.num_processes
+            rollouts = -(-d.batch_size // processes) * d.group_size
             buckets = sorted({*DEFAULT_BATCH_BUCKETS, rollouts}
                              - {b for b in DEFAULT_BATCH_BUCKETS if rollouts < b < 2 * rollouts})
-            self.sampler = JaxSampler(model, decode=self.tokenizer.decode, pad_id=self.pad_id,
-                                      mesh=self.mesh, rules=SAMPLE_RULES,
+            sample_model, sample_mesh = model, self.mesh
+            if processes > 1:
+                # Multi-host: each host rolls out its share of the queries on its own devices
+                # with a replica of the policy (one SPMD sampler over all hosts would make
+                # every host run every episode in lockstep).
+                sample_model, sample_mesh = host_replica(model), local_mesh(cfg.mesh.tensor)
+            self.sampler = JaxSampler(sample_model, decode=self.tokenizer.decode,
+                                      pad_id=self.pad_id, mesh=sample_mesh, rules=SAMPLE_RULES,
                                       constraints=constraints, batch_buckets=buckets)
         explore = cfg.algo.exploration
         loss = dataclasses.replace(cfg.algo.loss, support_lambda0=explore.support_lambda0,
@@ -347,17 +349,17 @@ class _Run:
         t0 = time.perf_counter()
         batch = next(self.iterator)
         records = self.plan(batch)
+        rt = self.runtime
+        share = host_share(records, rt.process_id, rt.num_processes)
         for attempt in (1, 2):
             if cfg.deterministic:
                 self.sampler.reseed(cfg.seed * 1_000_003 + step)
             stats = EpisodeStats()
             try:
                 # Router-R1 costs calls with its own price table (in its reward).
-                rt = self.runtime
                 trajs = self.events.run_until_complete(run_episodes_async(
-                    host_share(records, rt.process_id, rt.num_processes), self.sampler,
-                    self.pool, self.make_env, repeats=batch.group_size, stats=stats,
-                    prices=None if self.router_r1 else REFERENCE_PRICES))
+                    share, self.sampler, self.pool, self.make_env, repeats=batch.group_size,
+                    stats=stats, prices=None if self.router_r1 else REFERENCE_PRICES))
                 if rt.num_processes > 1:
                     trajs = merge_host_shares(distributed.allgather_objects(trajs),
                                               batch.group_size)
@@ -439,7 +441,9 @@ class _Run:
         metrics |= {} if self.router_r1 else {"curriculum/rho": rho}
         metrics |= {"curriculum/batch_index": float(batch.index),
                     "policy/version": float(self.sampler.policy_version),
-                    "episode/rounds": float(stats.rounds)}
+                    "episode/rounds": float(stats.rounds),
+                    # Multi-host: the queries this (the logging) process rolled out itself.
+                    "rollout/host_queries": float(len(share))}
         return metrics
 
     def plan(self, batch: QueryBatch) -> list[Record]:
@@ -462,6 +466,9 @@ class _Run:
         if self.sidecar is not None:
             self.sync_times = self.sidecar.publish(
                 self.trainer.model(), self.policy_ckpt.step_dir(version), version)
+        elif self.runtime.num_processes > 1:
+            self.sampler.update_weights(jax.tree.map(to_host, self.trainer.state.params),
+                                        version)
         else:
             self.sampler.update_weights(self.trainer.state.params, version)
         if self.sampler.policy_version != version:
@@ -517,6 +524,21 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
         (out / "run.json").write_text(json.dumps({"last_step": run.step,
                                                   "config": to_dict(cfg)}, indent=1))
     return TrainResult(out, run.step, records)
+
+
+def host_replica(model: Qwen3) -> Qwen3:
+    """``model`` with every array gathered to this host as numpy (a multi-host sampler's copy:
+    `JaxSampler` places it on this host's devices)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(to_host, state))
+
+
+def local_mesh(tensor: int) -> Any:
+    """A mesh of this process's devices: tensor parallel over ``tensor`` of them when that
+    divides their number (else 1), the rest on the batch (fsdp) axis."""
+    count = jax.local_device_count()
+    return make_mesh((1, -1, tensor if count % tensor == 0 else 1),
+                     devices=jax.local_devices())
 
 
 def host_share(records: list[Record], process: int, processes: int) -> list[Record]:
