@@ -33,14 +33,14 @@ def worker_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path, devices):
+def run_two_processes(cmd: list[str], devices_each: int) -> list[str]:
+    """Run ``cmd`` as processes 0 and 1 of one jax.distributed runtime (localhost coordinator,
+    ``devices_each`` CPU devices per process); their outputs, after asserting both succeeded."""
     port = free_port()
     procs = [subprocess.Popen(
-        [sys.executable, str(HERE / "distributed_worker.py"), str(tmp_path / "two.npz"),
-         str(tmp_path / "two_ckpt")],
-        env=worker_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                       JAX_PROCESS_ID=str(i),
-                       XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+        cmd, env=worker_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                            JAX_PROCESS_ID=str(i),
+                            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_each}"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     try:
         outs = [p.communicate(timeout=600)[0] for p in procs]
@@ -49,6 +49,12 @@ def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path, devices):
             p.kill()
     for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-3000:]
+    return outs
+
+
+def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path, devices):
+    run_two_processes([sys.executable, str(HERE / "distributed_worker.py"),
+                       str(tmp_path / "two.npz"), str(tmp_path / "two_ckpt")], 4)
     single = subprocess.run(
         [sys.executable, str(HERE / "distributed_worker.py"), str(tmp_path / "one.npz"),
          str(tmp_path / "one_ckpt")],
@@ -136,19 +142,7 @@ def test_two_hosts_run_the_training_loop(tmp_path):
            "algo.exploration.forced_start_batch=0", "algo.exploration.forced_anneal_steps=1",
            "rollout.max_new_tokens=48", "logging.progress=false",
            "logging.tensorboard=false", "checkpoint.full_every=2"]
-    port = free_port()
-    procs = [subprocess.Popen(
-        cmd, env=worker_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                            JAX_PROCESS_ID=str(i),
-                            XLA_FLAGS="--xla_force_host_platform_device_count=2"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, text in zip(procs, outs, strict=True):
-        assert p.returncode == 0, text[-3000:]
+    outs = run_two_processes(cmd, 2)
 
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]  # one writer: no line twice
@@ -162,3 +156,27 @@ def test_two_hosts_run_the_training_loop(tmp_path):
     assert "reward: first" in outs[0] and "reward: first" not in outs[1]
     model, step = restore_policy(out / "checkpoints" / "policy")
     assert step == 2 and model.config.num_layers == 2
+
+
+@pytest.mark.parametrize(("tensor", "shape"), [(2, (1, 4, 2)), (3, (1, 8, 1)), (-1, (1, 8, 1))])
+def test_a_hosts_sampler_mesh_spans_its_own_devices(devices, tensor, shape):
+    from jax_routeweaver.rl.loop import local_mesh
+
+    mesh = local_mesh(tensor)
+    assert tuple(mesh.shape.values()) == shape
+    assert set(mesh.devices.flat) == set(devices)
+
+
+def test_host_replica_is_the_policy_as_host_arrays():
+    from test_trainer import CFG
+
+    from jax_routeweaver.models.qwen3 import Qwen3
+    from jax_routeweaver.rl.loop import host_replica
+
+    model = Qwen3(CFG, rngs=nnx.Rngs(0))
+    replica = host_replica(model)
+    theirs = dict(nnx.to_flat_state(nnx.state(replica)))
+    for path, var in nnx.to_flat_state(nnx.state(model)):
+        value = theirs[path].get_value()
+        assert isinstance(value, np.ndarray)
+        np.testing.assert_array_equal(value, np.asarray(var.get_value()))

@@ -22,6 +22,9 @@ from jax_routeweaver.routing.episode import Trajectory
 
 MODE_IDS = {"single": adv_lib.MODE_SINGLE, "multi": adv_lib.MODE_MULTI,
             "agentic": adv_lib.MODE_AGENTIC}
+# The smallest policy-token width: a row's policy tokens (a few to a few dozen for constrained
+# routers) then fit one shape, instead of a recompile of the update for each of 16/24/32/48.
+POLICY_WIDTH_MIN = 64
 ESTIMATORS = ("grpo_gated", "comet_grpo", "comet_gdpo")
 
 
@@ -87,7 +90,7 @@ def pack_rollouts(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *, gr
 
     Rows are padded to a multiple of ``row_multiple`` (micro-batches × data shards), the
     length to a :func:`length_bucket` of ``length_multiple`` and the policy-token width to one
-    of 16 (few recompiles). A row longer than
+    of ``POLICY_WIDTH_MIN`` (few recompiles). A row longer than
     ``max_length`` is an error naming it (the reference's ``truncation=error``).
     """
     if len(trajs) != len(rewards):
@@ -124,7 +127,7 @@ def pack_rollouts(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *, gr
     attention[n_real:, 0] = True
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (n, length)).copy()
     counts = response.sum(1).astype(int)
-    width = length_bucket(int(counts.max()), 16)
+    width = length_bucket(int(counts.max()), POLICY_WIDTH_MIN)
     policy_index = np.ones((n, width), np.int32)
     policy_valid = np.zeros((n, width), np.float32)
     for i in range(n_real):

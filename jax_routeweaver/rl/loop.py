@@ -414,9 +414,12 @@ class _Run:
 
         t = time.perf_counter()
         self.step = step
-        # Async orbax write (it overlaps the next rollout) unless the sidecar reads it now.
+        # Async orbax write (it overlaps the next rollout) unless the sidecar reads it now, or
+        # on multi-host: two managers finalizing at once there share orbax's barrier names
+        # ("Barrier ThreadSaveMultiHostValueHolder:set_value_start is already ongoing") and
+        # the run hangs.
         self.policy_ckpt.save(self.trainer.model(), step, tokenizer_dir=self.tokenizer_dir,
-                              block=self.sidecar is not None)
+                              block=self.sidecar is not None or self.runtime.num_processes > 1)
         write_s = time.perf_counter() - t
         if step % cfg.checkpoint.full_every == 0 or step == cfg.steps:
             loop: dict[str, Any] = {"step": step, "data": self.iterator.get_state()}
@@ -443,7 +446,11 @@ class _Run:
                     "policy/version": float(self.sampler.policy_version),
                     "episode/rounds": float(stats.rounds),
                     # Multi-host: the queries this (the logging) process rolled out itself.
-                    "rollout/host_queries": float(len(share))}
+                    "rollout/host_queries": float(len(share)),
+                    # The update's padded shape: a new one compiles the step again.
+                    "update/rows": float(packed.shape[0]),
+                    "update/length": float(packed.shape[1]),
+                    "update/policy_width": float(packed.policy_index.shape[1])}
         return metrics
 
     def plan(self, batch: QueryBatch) -> list[Record]:
@@ -535,10 +542,10 @@ def host_replica(model: Qwen3) -> Qwen3:
 
 def local_mesh(tensor: int) -> Any:
     """A mesh of this process's devices: tensor parallel over ``tensor`` of them when that
-    divides their number (else 1), the rest on the batch (fsdp) axis."""
+    divides their number (else, and for -1, over 1), the rest on the batch (fsdp) axis."""
     count = jax.local_device_count()
-    return make_mesh((1, -1, tensor if count % tensor == 0 else 1),
-                     devices=jax.local_devices())
+    tensor = tensor if tensor > 0 and count % tensor == 0 else 1
+    return make_mesh((1, -1, tensor), devices=jax.local_devices())
 
 
 def host_share(records: list[Record], process: int, processes: int) -> list[Record]:
