@@ -165,11 +165,19 @@ def test_console_script(tmp_path):
 
 
 @pytest.mark.slow
-def test_quickstart_runs_every_stage(tmp_path, capsys):
-    """The README's main job on the embedded default: exits 0 only if the HF export matches."""
-    assert main(["selfcheck", "--out", str(tmp_path / "qs"), "--max-new-tokens", "8",
-                 "--queries", "2", "--repeats", "2"]) == 0
-    out = capsys.readouterr().out
+def test_quickstart_runs_every_stage(tmp_path):
+    """`routeweaver selfcheck`: exits 0 only if the HF export matches and no episode broke
+    the protocol. The console script on 2 CPU devices, so the router is born sharded over
+    both (on the suite's 8 fake devices the full-vocabulary router takes three times as long)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    run = subprocess.run([Path(sys.executable).parent / "routeweaver", "selfcheck", "--out",
+                          tmp_path / "qs", "--max-new-tokens", "8", "--queries", "2",
+                          "--repeats", "2"], capture_output=True, text=True, timeout=600,
+                         env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "'fsdp': 2" in out
     for stage in ("tokenizer", "router", "orbax", "HF export", "sampler", "episodes"):
         assert stage in out
     assert (tmp_path / "qs" / "hf" / "config.json").is_file()

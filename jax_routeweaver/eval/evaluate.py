@@ -394,7 +394,8 @@ class _Runner:
                                 if batch_size < b < 2 * batch_size})
             self.sampler = JaxSampler(model, decode=tokenizer.decode, pad_id=pad_id, mesh=mesh,
                                       rules=SAMPLE_RULES, constraints=constraints,
-                                      batch_buckets=buckets)
+                                      batch_buckets=buckets,
+                                      prefix_cache_mb=cfg.rollout.prefix_cache_mb)
         del model
         self.loop = asyncio.new_event_loop()
 

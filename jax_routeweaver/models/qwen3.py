@@ -190,11 +190,7 @@ def _run_layers(layer: Callable, carry: tuple, xs: tuple, num_layers: int, group
     grouped = jax.tree.map(lambda a: a.reshape(groups, size, *a.shape[1:]), xs)
     group = jax.checkpoint(lambda c, g: (run(c, g), None),
                            policy=jax.checkpoint_policies.nothing_saveable)
-    if scan:
-        return jax.lax.scan(group, carry, grouped)[0]
-    for g in range(groups):
-        carry, _ = group(carry, jax.tree.map(lambda a, g=g: a[g], grouped))
-    return carry
+    return _run_layers(group, carry, grouped, groups, 1, scan)
 
 
 _REMAT = {

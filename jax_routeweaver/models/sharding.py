@@ -165,6 +165,11 @@ def to_host(x: Any) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
+def tree_to_host(tree: Any) -> Any:
+    """`to_host` on every leaf of a pytree (a multi-host sampler's copy of the weights)."""
+    return jax.tree.map(to_host, tree)
+
+
 def describe(module: nnx.Module) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, sharding spec string) for every parameter (for logs and tests)."""
     out = {}

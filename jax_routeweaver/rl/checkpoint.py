@@ -155,7 +155,8 @@ class PolicyCheckpointer:
         """Save `model`'s parameters and config as `step`; returns the step directory.
 
         CheckpointError if the step exists already. `tokenizer_dir`: copy its tokenizer files
-        to CKPT_DIR/tokenizer unless that exists (a run has one tokenizer).
+        to CKPT_DIR/tokenizer unless that exists (a run has one tokenizer). `block=False` returns
+        while orbax writes in the background (single-process only; `wait` joins it).
         """
         if self.read_only:
             raise CheckpointError(f"{self.dir}: opened read-only, cannot save step {step}")
@@ -175,7 +176,10 @@ class PolicyCheckpointer:
         })
         # force: orbax otherwise skips, silently, a step that is not newer than the latest.
         self._manager.save(step, args=args, force=True)
-        if block:
+        # Always blocks on multi-host: two managers finalizing at once there share orbax's
+        # barrier names ("Barrier ThreadSaveMultiHostValueHolder:set_value_start is already
+        # ongoing") and the run hangs.
+        if block or jax.process_count() > 1:
             self.wait()
         if files:
             self._copy_tokenizer(files)

@@ -31,7 +31,7 @@ from jax_routeweaver.data.records import ReadStats, Record, read_records
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.qwen3 import Qwen3
-from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded, make_mesh, to_host
+from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded, make_mesh, tree_to_host
 from jax_routeweaver.models.tokenizer import (
     build_qwen3_tokenizer,
     load_tokenizer,
@@ -264,7 +264,8 @@ class _Run:
                 sample_model, sample_mesh = host_replica(model), local_mesh(cfg.mesh.tensor)
             self.sampler = JaxSampler(sample_model, decode=self.tokenizer.decode,
                                       pad_id=self.pad_id, mesh=sample_mesh, rules=SAMPLE_RULES,
-                                      constraints=constraints, batch_buckets=buckets)
+                                      constraints=constraints, batch_buckets=buckets,
+                                      prefix_cache_mb=cfg.rollout.prefix_cache_mb)
         explore = cfg.algo.exploration
         loss = dataclasses.replace(cfg.algo.loss, support_lambda0=explore.support_lambda0,
                                    support_floor=explore.support_floor)
@@ -375,6 +376,11 @@ class _Run:
         times["time/rollout_s"] = time.perf_counter() - t0
         if self.sidecar is not None:
             self.sidecar.release()  # time-shared placement: the update gets its memory
+        prefix = getattr(self.sampler, "prefix_store", None)
+        if prefix is not None:
+            times["rollout/prefix_hits"] = prefix.hits
+            times["rollout/prefix_tokens"] = prefix.reused
+            prefix.clear()  # its caches would otherwise stay in device memory for the update
 
         t = time.perf_counter()
         # GRPO groups are consecutive rows: each must be one query (Router-R1's uid pitfall).
@@ -414,12 +420,9 @@ class _Run:
 
         t = time.perf_counter()
         self.step = step
-        # Async orbax write (it overlaps the next rollout) unless the sidecar reads it now, or
-        # on multi-host: two managers finalizing at once there share orbax's barrier names
-        # ("Barrier ThreadSaveMultiHostValueHolder:set_value_start is already ongoing") and
-        # the run hangs.
+        # Async orbax write (it overlaps the next rollout) unless the sidecar reads it now.
         self.policy_ckpt.save(self.trainer.model(), step, tokenizer_dir=self.tokenizer_dir,
-                              block=self.sidecar is not None or self.runtime.num_processes > 1)
+                              block=self.sidecar is not None)
         write_s = time.perf_counter() - t
         if step % cfg.checkpoint.full_every == 0 or step == cfg.steps:
             loop: dict[str, Any] = {"step": step, "data": self.iterator.get_state()}
@@ -474,8 +477,7 @@ class _Run:
             self.sync_times = self.sidecar.publish(
                 self.trainer.model(), self.policy_ckpt.step_dir(version), version)
         elif self.runtime.num_processes > 1:
-            self.sampler.update_weights(jax.tree.map(to_host, self.trainer.state.params),
-                                        version)
+            self.sampler.update_weights(tree_to_host(self.trainer.state.params), version)
         else:
             self.sampler.update_weights(self.trainer.state.params, version)
         if self.sampler.policy_version != version:
@@ -537,7 +539,7 @@ def host_replica(model: Qwen3) -> Qwen3:
     """``model`` with every array gathered to this host as numpy (a multi-host sampler's copy:
     `JaxSampler` places it on this host's devices)."""
     graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.tree.map(to_host, state))
+    return nnx.merge(graphdef, tree_to_host(state))
 
 
 def local_mesh(tensor: int) -> Any:

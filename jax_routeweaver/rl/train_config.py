@@ -142,7 +142,9 @@ class RolloutSection:
     task is this fixed text (for the simulated pool, which ignores the wording; "" = free
     text). ``rulebook``: "reference" or "compact" (a few lines instead of 600-900 tokens, for
     tiny random-init routers). ``protocol``: ``ProtocolConfig`` fields. ``sampler``: "jax"
-    (in process) or "vllm" (the sidecar, ``vllm``)."""
+    (in process) or "vllm" (the sidecar, ``vllm``). ``prefix_cache_mb``: device memory the
+    in-process sampler may keep of a step's KV caches, so an episode's next turn prefills
+    only its new tokens (0 = off; a group bigger than this is not kept; vLLM has its own)."""
 
     dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
     sampler: Literal["jax", "vllm"] = "jax"
@@ -155,6 +157,7 @@ class RolloutSection:
     task_text: str = ""
     rulebook: Literal["reference", "compact"] = "reference"
     execution_feedback: bool = True
+    prefix_cache_mb: float = 1024.0
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
     router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)
     vllm: VllmSection = dataclasses.field(default_factory=VllmSection)
@@ -285,6 +288,9 @@ def check_train_config(cfg: TrainConfig, source: str = "<config>") -> None:
     if cfg.rollout.vllm.sleep_level not in (0, 1, 2):
         fail("rollout.vllm.sleep_level", f"{cfg.rollout.vllm.sleep_level}: expected 0 (off), "
              "1 or 2")
+    if not cfg.rollout.prefix_cache_mb >= 0:
+        fail("rollout.prefix_cache_mb",
+             f"must be >= 0 (0 = off), got {cfg.rollout.prefix_cache_mb}")
     if cfg.rollout.answer_choices and not cfg.rollout.constrained:
         fail("rollout.answer_choices", "needs rollout.constrained: true")
     task = cfg.rollout.task_text

@@ -10,6 +10,13 @@ power-of-two count) and the RNG key are runtime values. More prompts than the la
 bucket are processed in groups; a prompt longer than the largest prompt bucket pads to a
 multiple of it. On a mesh only batch buckets divisible by the batch shards are used.
 
+Prefix reuse (`prefix_cache_mb` > 0): every group's final KV cache is kept (`PrefixStore`,
+newest first within the budget, dropped when the weights change), so a later prompt that
+extends a stored row (a multi-turn episode's next turn) copies that prefix's keys and values
+and prefills only its last `Ps` columns (a prompt bucket >= the longest uncached suffix) on top
+of them, instead of all P. The layout is the one a full prefill gives, so decode is unchanged;
+compiled prefill code then also depends on (Ps, the source cache's shape).
+
 Decode runs as one `lax.while_loop` on device that exits once every row hit a stop token or
 `max_new_tokens`. Stop strings need the text, so they are checked on the host every
 `stop_check_interval` steps between runs of the same compiled loop (rows found are marked done);
@@ -49,6 +56,7 @@ from jax_routeweaver.sampling.constraints import (
     allowed_counts,
     unpack_bitmask,
 )
+from jax_routeweaver.sampling.prefix_cache import Match, PrefixStore
 
 DEFAULT_PROMPT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -204,6 +212,9 @@ class JaxSampler:
     don't donate them elsewhere); `update_weights` copies. With stop strings the host checks
     the text every `stop_check_interval` decode steps and ends finished rows' work.
 
+    `prefix_cache_mb`: memory for reusing earlier calls' KV caches (see the module docstring;
+    0 turns it off; `prefix_store.hits` / `.reused` count prompts and tokens reused).
+
     `trace_count` counts traces of the compiled functions (each one a compile): tests and logs
     use it to check that calls within a bucket reuse compiled code.
     """
@@ -214,7 +225,8 @@ class JaxSampler:
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
                  cache_dtype: str | None = None, policy_version: int = 0,
                  stop_check_interval: int = 32,
-                 constraints: GrammarConstraints | None = None):
+                 constraints: GrammarConstraints | None = None,
+                 prefix_cache_mb: float = 0.0):
         self.config = model.config
         if not 0 <= pad_id < self.config.vocab_size:
             raise ValueError(f"pad_id={pad_id} outside the vocabulary [0, "
@@ -240,7 +252,10 @@ class JaxSampler:
         self._graphdef, state = nnx.split(model)
         self._specs = param_specs(model, rules, mesh) if mesh is not None else {}
         self._params = self._place({p: v.get_value() for p, v in nnx.to_flat_state(state)})
+        self.prefix_store = PrefixStore(int(prefix_cache_mb * 2**20))
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("new_bucket",))
+        self._prefill_on = jax.jit(self._prefill_on_impl, static_argnames=("new_bucket",))
+        self._copy_prefix = jax.jit(self._copy_prefix_impl)
         self._decode = jax.jit(self._decode_impl,
                                static_argnames=("greedy", "truncate", "constrained"),
                                donate_argnames=("state",))
@@ -258,6 +273,7 @@ class JaxSampler:
         """Restart the stream of per-call seeds (used when `SamplingParams.seed` is None), so
         a run that reseeds per step samples the same tokens when it is resumed."""
         self._rng = np.random.default_rng(seed)
+        self.prefix_store.clear()  # a resumed run starts from an empty store too
 
     def update_weights(self, weights: nnx.Module | nnx.State, version: int) -> None:
         """Replace the weights by those of `weights` (a same-architecture module, or the
@@ -279,6 +295,7 @@ class JaxSampler:
         self._params = {p: jax.device_put(new[p], old.sharding, may_alias=False)
                         for p, old in self._params.items()}
         self._version = version
+        self.prefix_store.clear()
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  grammars: Sequence[Grammar | None] | None = None) -> list[Completion]:
@@ -323,20 +340,63 @@ class JaxSampler:
         batch = pick_bucket(n, self._batch_buckets)
         length = pick_bucket(max(map(len, prompts)), self._prompt_buckets)
         arrays = left_pad(prompts, batch, length, self._pad_id)
-        tokens, mask, positions, lens = (self._put_batch(a) for a in arrays)
-        real = self._put_batch(np.arange(batch) < n)
-        state = self._prefill(self._params, tokens, mask, positions, lens, real,
-                              new_bucket=new_token_bucket(params.max_new_tokens))
+        new_bucket = new_token_bucket(params.max_new_tokens)
+        state = self._prefill_group(prompts, arrays, batch, length, new_bucket)
         matchers = None
         if grammars is not None and any(g is not None for g in grammars):
             matchers = [None if g is None else self._constraints.matcher(g, params.stop_token_ids)
                         for g in grammars] + [None] * (batch - n)
         state, ended, allowed = self._run_decode(state, params, key, n, matchers)
         host = jax.device_get((state.tokens, state.logprobs, state.lengths, state.stopped))
+        if self.prefix_store.max_bytes:
+            tokens_, _, lengths, _ = host
+            self.prefix_store.add(
+                state.cache.k, state.cache.v,
+                [np.concatenate([p, tokens_[i, :lengths[i]]]) for i, p in enumerate(prompts)],
+                [length - len(p) for p in prompts])
         return [self._completion(host, i, params, version, ended[i],
                                  None if matchers is None or matchers[i] is None
                                  else allowed[i])
                 for i in range(n)]
+
+    def _prefill_group(self, prompts: list[list[int]], arrays: tuple[np.ndarray, ...],
+                       batch: int, length: int, new_bucket: int) -> DecodeState:
+        """The decode loop's initial state: a full prefill, or (when stored rows hold the
+        prompts' prefixes) a prefill of the last Ps columns on top of the copied prefixes."""
+        tokens, mask, positions, lens = arrays
+        real = np.arange(batch) < len(prompts)
+        match = self.prefix_store.match(prompts) if self.prefix_store.max_bytes else None
+        if match is not None:
+            suffix = max(len(p) - int(c) for p, c in zip(prompts, match.lengths, strict=True))
+            tail = pick_bucket(suffix, self._prompt_buckets)
+            if tail < length:
+                self.prefix_store.count(match)
+                return self._prefill_reusing(match, arrays, real, tail, new_bucket)
+        put = self._put_batch
+        return self._prefill(self._params, put(tokens), put(mask), put(positions), put(lens),
+                             put(real), new_bucket=new_bucket)
+
+    def _prefill_reusing(self, match: Match, arrays: tuple[np.ndarray, ...], real: np.ndarray,
+                         tail: int, new_bucket: int) -> DecodeState:
+        """Copy each row's prompt columns before the last `tail` from its stored row, then
+        prefill those `tail` columns. Row i's prompt sits at columns P - len_i .. P, so column c
+        holds its token c - (P - len_i), which the stored row holds at slot start + that."""
+        tokens, mask, positions, lens = arrays
+        n = len(match.rows)
+        batch, length = tokens.shape
+        head = length - tail
+        rows = np.zeros(batch, np.int32)
+        shift = np.zeros(batch, np.int32)
+        rows[:n] = match.rows
+        shift[:n] = match.starts - (length - lens[:n])
+        put = self._put_batch
+        head_mask = put(mask[:, :head])
+        # Two programs: the copy depends on the source's shape, the prefill only on this
+        # group's (fewer compiles than one program keyed on both).
+        k, v = self._copy_prefix(match.group.k, match.group.v, put(rows), put(shift), head_mask)
+        return self._prefill_on(self._params, k, v, head_mask, put(tokens[:, head:]),
+                                put(mask[:, head:]), put(positions[:, head:]), put(lens),
+                                put(real), new_bucket=new_bucket)
 
     def _run_decode(self, state: DecodeState, params: SamplingParams, key: jax.Array, n: int,
                     matchers: list | None
@@ -527,11 +587,48 @@ class JaxSampler:
         cache = self._constrain_cache(cache)
         hidden, cache = model.hidden_states(tokens, positions, mask, cache, empty_cache=True)
         logits = model.logits(hidden[:, -1])  # left padding: the last slot is real in every row
-        state = DecodeState(
+        return self._constrain(self._initial_state(cache, logits, prompt_lens, real, new_bucket))
+
+    def _copy_prefix_impl(self, src_k: jax.Array, src_v: jax.Array, rows: jax.Array,
+                          shift: jax.Array, head_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys and values `[L, B, W, K, H]` (W = `head_mask`'s width): row b's column c is
+        `src[:, rows[b], c + shift[b]]` where `head_mask[b, c]` is set, else 0."""
+        self.trace_count += 1
+        W = head_mask.shape[1]
+        cols = jnp.clip(jnp.arange(W)[None, :] + shift[:, None], 0, src_k.shape[2] - 1)
+        keep = head_mask[None, :, :, None, None]
+        return tuple(jnp.where(keep, src[:, rows[:, None], cols], 0)  # type: ignore[return-value]
+                     for src in (src_k, src_v))
+
+    def _prefill_on_impl(self, params: FlatParams, k: jax.Array, v: jax.Array,
+                         head_mask: jax.Array, tokens: jax.Array, mask: jax.Array,
+                         positions: jax.Array, prompt_lens: jax.Array, real: jax.Array, *,
+                         new_bucket: int) -> DecodeState:
+        """A cache whose columns `[0, W)` hold `k`, `v` (valid where `head_mask`), then the
+        `[B, Ps]` tail run on top of them: the state a full prefill of the `W + Ps` columns
+        gives."""
+        self.trace_count += 1
+        model = self._merge(params)
+        B, W = head_mask.shape
+        Ps = tokens.shape[1]
+        cache = init_cache(self.config, B, W + Ps + new_bucket, self._cache_dtype)
+        k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
+        cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k, (0, 0, 0, 0, 0)),
+                        jax.lax.dynamic_update_slice(cache.v, v, (0, 0, 0, 0, 0)),
+                        jax.lax.dynamic_update_slice(cache.valid, head_mask, (0, 0)),
+                        jnp.asarray(W, jnp.int32))
+        cache = self._constrain_cache(cache)
+        hidden, cache = model.hidden_states(tokens, positions, mask, cache)
+        logits = model.logits(hidden[:, -1])
+        return self._constrain(self._initial_state(cache, logits, prompt_lens, real, new_bucket))
+
+    def _initial_state(self, cache: KVCache, logits: jax.Array, prompt_lens: jax.Array,
+                       real: jax.Array, new_bucket: int) -> DecodeState:
+        B = logits.shape[0]
+        return DecodeState(
             cache, logits, jnp.full((B, new_bucket), self._pad_id, jnp.int32),
             jnp.zeros((B, new_bucket), jnp.float32), jnp.zeros((B,), jnp.int32),
             prompt_lens.astype(jnp.int32), ~real, jnp.zeros((B,), bool), jnp.zeros((), jnp.int32))
-        return self._constrain(state)
 
     def _decode_impl(self, params: FlatParams, state: DecodeState, limit: jax.Array,
                      args: SampleArgs, *, greedy: bool, truncate: str,
