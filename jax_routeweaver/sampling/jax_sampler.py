@@ -14,8 +14,8 @@ Prefix reuse (`prefix_cache_mb` > 0): every group's final KV cache is kept (`Pre
 newest first within the budget, dropped when the weights change), so a later prompt that
 extends a stored row (a multi-turn episode's next turn) copies that prefix's keys and values
 and prefills only its last `Ps` columns (a prompt bucket >= the longest uncached suffix) on top
-of them, instead of all P. The layout is the one a full prefill gives, so decode is unchanged;
-compiled prefill code then also depends on (Ps, the source cache's shape).
+of them, instead of all P. The layout is the one a full prefill gives, so decode is unchanged.
+The copy is a program keyed on the source cache's shape, the prefill one keyed on (B, P, Ps, N).
 
 Decode runs as one `lax.while_loop` on device that exits once every row hit a stop token or
 `max_new_tokens`. Stop strings need the text, so they are checked on the host every
