@@ -365,7 +365,7 @@ class JaxSampler:
         prompts' prefixes) a prefill of the last Ps columns on top of the copied prefixes."""
         tokens, mask, positions, lens = arrays
         real = np.arange(batch) < len(prompts)
-        match = self.prefix_store.match(prompts) if self.prefix_store.max_bytes else None
+        match = self.prefix_store.match(prompts)  # None when the store is off or empty
         if match is not None:
             suffix = max(len(p) - int(c) for p, c in zip(prompts, match.lengths, strict=True))
             tail = pick_bucket(suffix, self._prompt_buckets)
