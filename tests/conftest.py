@@ -30,12 +30,13 @@ def tiny_hf_dir(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """A persistent XLA compilation cache for one module (settings restored afterwards): runs
-    that build the same programs again (a resumed run, another sampler) load them instead of
-    compiling. Yields its directory; a subprocess gets it through the environment variables
-    JAX_COMPILATION_CACHE_DIR and JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0."""
+    """A persistent XLA compilation cache shared by the whole session (settings restored
+    afterwards): a test that builds a program an earlier one built (another sampler or trainer
+    of the same tiny model, a resumed run) loads it instead of compiling. Yields its directory;
+    a subprocess gets it through the environment variables JAX_COMPILATION_CACHE_DIR and
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0."""
     from jax._src import compilation_cache  # reset: JAX reads the settings once
 
     keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
@@ -47,4 +48,16 @@ def compile_cache(tmp_path_factory):
     yield path
     for k, v in old.items():
         jax.config.update(k, v)
+    compilation_cache.reset_cache()
+
+
+@pytest.fixture
+def no_compile_cache():
+    """Compile for real in this test (for tests that count compilations)."""
+    from jax._src import compilation_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_enable_compilation_cache", True)
     compilation_cache.reset_cache()

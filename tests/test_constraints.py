@@ -9,6 +9,7 @@ from flax import nnx
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
+from jax_routeweaver.models.sharding import SAMPLE_RULES, make_mesh
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer, prune_tokenizer
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import (
@@ -16,6 +17,7 @@ from jax_routeweaver.sampling.constraints import (
     Grammar,
     GrammarConstraints,
     allowed_counts,
+    choice_tables,
     unpack_bitmask,
 )
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
@@ -144,6 +146,76 @@ def test_choice_matcher_prefixes_need_a_stop_token():
     assert m.accept_token(1) and m.accept_token(2)
     assert sorted(m.allowed()) == [3, 9]
     assert m.accept_token(9) and m.is_terminated()
+
+
+def test_choice_tables_lay_out_each_trie_once():
+    a = [[5, 31, 63], [5, 32], [100]]
+    rows = [ChoiceMatcher(a), None, ChoiceMatcher(a), ChoiceMatcher([[1, 2], [1]], [9])]
+    t = choice_tables(rows, min_nodes=4, min_children=2)
+    # Trie a: root, 5, 100, 31, 32, 63 (6 nodes); then the second trie from node 6.
+    assert t.start.tolist() == [0, -1, 0, 6]
+    assert t.token.shape == (16, 2) and t.child.shape == (16, 2)
+
+    def walk(node, seq):
+        for tok in seq:
+            (c,) = np.flatnonzero(t.token[node] == tok)
+            node = t.child[node, c]
+        return node
+
+    for seq in a:  # every option reaches a leaf that ends the row (no stop tokens)
+        leaf = walk(0, seq)
+        assert t.ends[leaf] and (t.token[leaf] == -1).all() and not t.stop_ok[leaf]
+    assert not t.ends[walk(0, [5])] and sorted(t.token[walk(0, [5])]) == [31, 32]
+    one, two = walk(6, [1]), walk(6, [1, 2])  # with stop tokens: complete, not ended
+    assert t.stop_ok[one] and t.token[one].tolist() == [2, -1] and not t.ends[one]
+    assert t.stop_ok[two] and not t.ends[two]
+    used = rows[0]
+    used.accept_token(5)
+    with pytest.raises(ValueError, match="row 0's matcher has already accepted"):
+        choice_tables([used])
+
+
+ROUTES = ('<route model="worker_1">Solve it.</route>', '<route model="worker_2">Solve it.</route>',
+          '<route model="worker_2" role="planner">Solve it.</route>', "<answer>42</answer>")
+
+
+@pytest.mark.parametrize(("greedy", "mesh_shape"), [(False, None), (True, None),
+                                                   (False, (2, 2, 1))],
+                         ids=["sampled", "greedy", "sampled-sharded"])
+def test_choice_grammars_decode_on_device_as_with_host_masks(model, tokenizer, devices, greedy,
+                                                             mesh_shape):
+    """Choice grammars decoded on device (tries as arrays) give what one host round trip per
+    token gives: tokens, finish reasons, allowed counts; a few loop runs instead of one per
+    token (stop strings still checked every 4 steps)."""
+    mesh = None if mesh_shape is None else make_mesh(mesh_shape, devices[:4])
+    constraints = GrammarConstraints(tokenizer, model.config.vocab_size)
+    kw = dict(decode=tokenizer.decode, constraints=constraints, stop_check_interval=4,
+              mesh=mesh, rules=SAMPLE_RULES)
+    on_device = JaxSampler(model, **kw)
+    on_host = JaxSampler(model, device_choices=False, **kw)
+    calls = {"device": 0}
+    decode = on_device._decode
+
+    def counted(*args, **kwargs):
+        calls["device"] += 1
+        return decode(*args, **kwargs)
+
+    on_device._decode = counted
+    grammars = [Grammar.choice(ROUTES), None, Grammar.choice(["yes", "yes please"], True),
+                Grammar.choice(MODES), Grammar.choice(ROUTES, True), Grammar.choice(MODES)]
+    params = SamplingParams(temperature=1.0, greedy=greedy, max_new_tokens=24, seed=5,
+                            stop_token_ids=(IM_END,), stop_strings=("please",))
+    ps = prompts(tokenizer, len(grammars))
+    got, want = on_device.generate(ps, params, grammars), on_host.generate(ps, params, grammars)
+    for g, w, grammar in zip(got, want, grammars, strict=True):
+        assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+        assert g.allowed == w.allowed and (g.allowed is None) == (grammar is None)
+        np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=0, atol=1e-6)
+        if grammar is not None:
+            text = tokenizer.decode(g.token_ids)
+            assert text in grammar.choices or text.removesuffix("<|im_end|>") in grammar.choices
+    assert calls["device"] <= 24 // 4
+    assert {c.finish_reason for c in got} >= {"grammar", "length"}
 
 
 def _uniform_mode_probs(constraints, tokenizer, grammar):

@@ -53,9 +53,6 @@ R1_TINY = ["rollout.max_new_tokens=128", "rollout.router_r1.max_turns=1",
            "rollout.router_r1.trajectory_max_tokens=768"]
 
 
-# Every `evaluate` builds its own sampler, whose programs XLA would compile again.
-pytestmark = pytest.mark.usefixtures("compile_cache")
-
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:

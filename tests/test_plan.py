@@ -143,7 +143,7 @@ def test_plan_command(tmp_path, capsys, devices):
     assert "--target 'v6e-1'" in capsys.readouterr().err
 
 
-def test_the_update_compiles_once_across_steps(devices):
+def test_the_update_compiles_once_across_steps(devices, no_compile_cache):
     """Step count and RNG are born where the update returns them: the second step reuses
     the first step's executable instead of compiling the whole update again."""
     compiles = []

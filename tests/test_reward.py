@@ -254,6 +254,20 @@ def test_final_code_scorer_skips_worker_replies():
     assert scorer.predictions == ["print(1)", FENCE3]
 
 
+def test_score_batch_scores_each_distinct_call_once():
+    """A group's rollouts that end on the same answer are scored once; the rewards are those
+    of scoring each alone; a call that raised is asked again."""
+    trajs = [code_traj(), code_traj(), code_traj()]
+    alone = [reward(t, judge(t, scorer=FakeScorer(right={FENCE2}))) for t in trajs]
+    scorer = FakeScorer(right={FENCE2})
+    assert score_batch(trajs, scorer=scorer) == alone
+    assert sorted(scorer.predictions) == sorted(["print(1)", FENCE3, FENCE2])
+    boom = FakeScorer(right={FENCE2}, boom={FENCE3})
+    batch = score_batch(trajs[:2], scorer=boom)
+    assert [r.failure_kind for r in batch] == ["sandbox_error"] * 2
+    assert boom.predictions == ["print(1)", FENCE3, FENCE3]
+
+
 @pytest.mark.parametrize("right, source, asked, router_ok, summarizer_ok", [
     ({"print(1)"}, "router", 1, True, False),
     ({FENCE3}, "summarizer", 2, False, True),

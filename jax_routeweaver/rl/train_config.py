@@ -146,7 +146,10 @@ class RolloutSection:
     in-process sampler may keep of a step's KV caches, so an episode's next turn prefills
     only its new tokens (0 = off, the default: it pays where the prefill dominates a rollout,
     1.68x at 512 wide x 4 layers, not on the quickstart's router, and `routeweaver plan` does
-    not count it; a group bigger than this is not kept; vLLM has its own)."""
+    not count it; a group bigger than this is not kept; vLLM has its own).
+    ``device_choices``: the in-process sampler decodes turns whose grammars are all finite
+    choices on device, without a host round trip per token (false: host masks, the same
+    tokens; for comparison)."""
 
     dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
     sampler: Literal["jax", "vllm"] = "jax"
@@ -160,6 +163,7 @@ class RolloutSection:
     rulebook: Literal["reference", "compact"] = "reference"
     execution_feedback: bool = True
     prefix_cache_mb: float = 0.0
+    device_choices: bool = True
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
     router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)
     vllm: VllmSection = dataclasses.field(default_factory=VllmSection)

@@ -13,14 +13,16 @@ token ids instead: each option's canonical tokenization in a trie (`ChoiceMatche
 policy chooses among exactly the sequences a model (and the support loss) scores.
 
 Bitmask layout (xgrammar's): `[B, ceil(V / 32)]` int32; token t is allowed iff bit t % 32 of
-word t // 32 is set.
+word t // 32 is set. A batch whose grammars are all choices can instead be decoded on device
+from its tries as arrays (`choice_tables`), without a host round trip per token.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +68,8 @@ class ChoiceMatcher:
 
     def __init__(self, sequences: Sequence[Sequence[int]], stop_token_ids: Sequence[int] = ()):
         self._stops = tuple(int(t) for t in stop_token_ids)
+        # Identifies the trie: `choice_tables` lays out each distinct one once per batch.
+        self.key = (tuple(tuple(int(t) for t in s) for s in sequences), self._stops)
         self._root: dict = {}
         for seq in sequences:
             if not seq:
@@ -114,6 +118,64 @@ class ChoiceMatcher:
 
     def is_terminated(self) -> bool:
         return self._done
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing accepted yet."""
+        return self._node is self._root and not self._done
+
+
+class ChoiceTables(NamedTuple):
+    """A batch's `ChoiceMatcher` tries as arrays, for decoding on device (S nodes, C children
+    per node, both padded). A row at node s may take `token[s, c]` (moving to `child[s, c]`),
+    or a stop token where `stop_ok[s]`; entering a node with `ends` completes its grammar."""
+
+    token: np.ndarray    # [S, C] int32 child token ids, -1 = no child
+    child: np.ndarray    # [S, C] int32 child node ids
+    stop_ok: np.ndarray  # [S] bool: an option is complete here and stop tokens may follow
+    ends: np.ndarray     # [S] bool: a leaf of a trie without stop tokens (the row ends)
+    start: np.ndarray    # [B] int32 each row's root node; -1 = an unconstrained row
+
+
+def choice_tables(matchers: Sequence[ChoiceMatcher | None], *, min_nodes: int = 1024,
+                  min_children: int = 8) -> ChoiceTables:
+    """Lay out the fresh `matchers`' tries (each distinct trie once) as `ChoiceTables`, S and
+    C padded to powers of two (at least `min_nodes`, `min_children`) so batches reuse
+    compiled code."""
+    nodes: list[dict] = []
+    stops: list[bool] = []
+    roots: dict[Any, int] = {}
+    start = np.full(len(matchers), -1, np.int32)
+    for i, m in enumerate(matchers):
+        if m is None:
+            continue
+        if not m.fresh:
+            raise ValueError(f"choice_tables: row {i}'s matcher has already accepted tokens")
+        if m.key not in roots:
+            roots[m.key] = len(nodes)
+            queue = collections.deque([m._root])
+            while queue:  # breadth first: a node's id is its position in `nodes`
+                node = queue.popleft()
+                nodes.append(node)
+                stops.append(bool(m._stops))
+                queue.extend(c for t, c in node.items() if t is not None)
+        start[i] = roots[m.key]
+    width = max((sum(t is not None for t in n) for n in nodes), default=1)
+    S = max(min_nodes, 1 << (len(nodes) - 1).bit_length())
+    C = max(min_children, 1 << (width - 1).bit_length())
+    token = np.full((S, C), -1, np.int32)
+    child = np.zeros((S, C), np.int32)
+    stop_ok = np.zeros(S, bool)
+    ends = np.zeros(S, bool)
+    ids = {id(n): k for k, n in enumerate(nodes)}
+    for k, (node, has_stops) in enumerate(zip(nodes, stops, strict=True)):
+        kids = [(t, c) for t, c in node.items() if t is not None]
+        for c, (t, kid) in enumerate(kids):
+            token[k, c] = t
+            child[k, c] = ids[id(kid)]
+        stop_ok[k] = None in node and has_stops
+        ends[k] = not has_stops and not kids
+    return ChoiceTables(token, child, stop_ok, ends, start)
 
 
 class GrammarConstraints:

@@ -21,6 +21,13 @@ Decode runs as one `lax.while_loop` on device that exits once every row hit a st
 `max_new_tokens`. Stop strings need the text, so they are checked on the host every
 `stop_check_interval` steps between runs of the same compiled loop (rows found are marked done);
 the final cut is the token-space `apply_stop_strings`. Logprob contract: see `sampling.base`.
+
+Grammars: when every constrained row's grammar is a finite choice (`Grammar.choice`), the
+tries travel to the device as arrays (`choice_tables`) and the loop builds each step's mask and
+advances each row's node itself, so a turn runs like an unconstrained one (forced tokens
+included); the host matchers replay the tokens afterwards (allowed counts, grammar ends). Other
+grammars (xgrammar) take one host round trip per token: the matchers make each step's mask.
+Both give the same masks, so the same tokens.
 """
 
 from __future__ import annotations
@@ -51,14 +58,18 @@ from jax_routeweaver.sampling.base import (
     check_version,
 )
 from jax_routeweaver.sampling.constraints import (
+    ChoiceMatcher,
     Grammar,
     GrammarConstraints,
     allowed_counts,
+    choice_tables,
     unpack_bitmask,
 )
 from jax_routeweaver.sampling.prefix_cache import Match, PrefixStore
 
-DEFAULT_PROMPT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+# Steps of 1.5x and 2x from 256 on: a prompt pads by at most half its length, not all of it
+# (prefill attention grows with the square of the padded length), for a few more compiles.
+DEFAULT_PROMPT_BUCKETS = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_NEW_TOKEN_BUCKET = 16
 
@@ -76,6 +87,7 @@ class DecodeState(NamedTuple):
     prompt_lens: jax.Array  # [B] int32: real prompt tokens = position of generated token 0
     done: jax.Array         # [B] bool
     stopped: jax.Array      # [B] bool: ended by a stop token
+    node: jax.Array         # [B] int32: each row's trie node (choice decoding; -1 = none)
     step: jax.Array         # [] int32: sampling steps taken (rows advance in lockstep)
 
 
@@ -88,7 +100,11 @@ class SampleArgs(NamedTuple):
     max_new: jax.Array      # [] int32
     stop_ids: jax.Array     # [S] int32, padded with -1
     key: jax.Array          # PRNG key; step t uses fold_in(key, t)
-    allowed: jax.Array      # [B, W] int32 grammar bitmask ([1, 1] dummy when unconstrained)
+    allowed: jax.Array      # [B, W] int32 grammar bitmask ([1, 1] dummy unless "mask")
+    choice_token: jax.Array  # [S, C] int32 `ChoiceTables.token` ([1, 1] dummy unless "choice")
+    choice_child: jax.Array  # [S, C] int32 `ChoiceTables.child`
+    choice_stop: jax.Array   # [S] bool `ChoiceTables.stop_ok`
+    choice_end: jax.Array    # [S] bool `ChoiceTables.ends`
 
 
 # ------------------------------------------------------------------------------ pure helpers
@@ -214,6 +230,8 @@ class JaxSampler:
 
     `prefix_cache_mb`: memory for reusing earlier calls' KV caches (see the module docstring;
     0 turns it off; `prefix_store.hits` / `.reused` count prompts and tokens reused).
+    `device_choices=False` decodes choice grammars with the host matchers too (one round trip
+    per token; same tokens, slower).
 
     `trace_count` counts traces of the compiled functions (each one a compile): tests and logs
     use it to check that calls within a bucket reuse compiled code.
@@ -226,7 +244,7 @@ class JaxSampler:
                  cache_dtype: str | None = None, policy_version: int = 0,
                  stop_check_interval: int = 32,
                  constraints: GrammarConstraints | None = None,
-                 prefix_cache_mb: float = 0.0):
+                 prefix_cache_mb: float = 0.0, device_choices: bool = True):
         self.config = model.config
         if not 0 <= pad_id < self.config.vocab_size:
             raise ValueError(f"pad_id={pad_id} outside the vocabulary [0, "
@@ -243,6 +261,7 @@ class JaxSampler:
         self._rules = rules
         self._cache_dtype = cache_dtype
         self._stop_check_interval = stop_check_interval
+        self._device_choices = device_choices
         self._prompt_buckets = _check_buckets("prompt_buckets", prompt_buckets)
         self._batch_buckets = self._usable_batch_buckets(_check_buckets("batch_buckets",
                                                                         batch_buckets))
@@ -257,7 +276,7 @@ class JaxSampler:
         self._prefill_on = jax.jit(self._prefill_on_impl, static_argnames=("new_bucket",))
         self._copy_prefix = jax.jit(self._copy_prefix_impl)
         self._decode = jax.jit(self._decode_impl,
-                               static_argnames=("greedy", "truncate", "constrained"),
+                               static_argnames=("greedy", "truncate", "grammar"),
                                donate_argnames=("state",))
 
     # ------------------------------------------------------------------ protocol
@@ -402,7 +421,8 @@ class JaxSampler:
                     matchers: list | None
                     ) -> tuple[DecodeState, np.ndarray, list[list[int]]]:
         """Run the compiled loop to the end; with stop strings, in chunks with host checks;
-        with grammars, one step at a time (the host matchers make each step's mask).
+        with grammars other than choices, one step at a time (the host matchers make each
+        step's mask).
 
         Returns the final state, which rows ended because their grammar completed, and per
         row the number of tokens each step's mask allowed (empty lists when unconstrained)."""
@@ -411,38 +431,66 @@ class JaxSampler:
         truncate = "none" if greedy else "top_k" if params.top_k_enabled \
             else "top_p" if params.top_p_enabled else "none"
         total = params.max_new_tokens
-        constrained = matchers is not None
+        grammar = "none"
+        if matchers is not None:
+            grammar = "choice" if self._device_choices and all(
+                m is None or isinstance(m, ChoiceMatcher) for m in matchers) else "mask"
         grammar_end = np.zeros(len(state.done), bool)
         allowed: list[list[int]] = [[] for _ in range(len(state.done))]
-        if constrained:
+        if grammar == "mask":
             bitmask = np.empty((len(state.done), self._constraints.words), np.int32)
             chunk = 1
         else:
             chunk = self._stop_check_interval if params.stop_strings else total
+        if grammar == "choice":
+            tables = choice_tables(matchers)
+            put = self._put_replicated
+            args = args._replace(choice_token=put(tables.token), choice_child=put(tables.child),
+                                 choice_stop=put(tables.stop_ok), choice_end=put(tables.ends))
+            state = state._replace(node=self._put_batch(tables.start))
         limit = 0
         while limit < total:
             limit = min(limit + chunk, total)
-            if constrained:
+            if grammar == "mask":
                 self._constraints.fill(matchers, bitmask)
                 args = args._replace(allowed=self._put_batch(bitmask))
                 counts = allowed_counts(bitmask, self.config.vocab_size)
                 for row, count in zip(allowed, counts.tolist(), strict=True):
                     row.append(count)
             state = self._decode(self._params, state, np.int32(limit), args, greedy=greedy,
-                                 truncate=truncate, constrained=constrained)
+                                 truncate=truncate, grammar=grammar)
             if limit >= total:
                 break
             done = np.array(jax.device_get(state.done))
-            if constrained:
+            if grammar == "mask":
                 self._advance_matchers(state, matchers, limit - 1, done, grammar_end)
             if params.stop_strings and (limit % self._stop_check_interval == 0
-                                        or not constrained):
+                                        or grammar != "mask"):
                 done |= self._stop_string_done(state, params, n)
             if done[:n].all():
                 break
             # Same sharding as before, so the next call reuses the compiled loop.
             state = state._replace(done=jax.device_put(done, state.done.sharding))
+        if grammar == "choice":
+            self._replay_matchers(state, matchers, grammar_end, allowed)
         return state, grammar_end, allowed
+
+    @staticmethod
+    def _replay_matchers(state: DecodeState, matchers: list, grammar_end: np.ndarray,
+                         allowed: list[list[int]]) -> None:
+        """Feed each row's tokens (decoded on device) to its `ChoiceMatcher`: how many tokens
+        each step allowed, and which rows ended because their grammar completed (both updated
+        in place)."""
+        tokens, lengths, stopped = jax.device_get((state.tokens, state.lengths, state.stopped))
+        for i, m in enumerate(matchers):
+            if m is None:
+                continue
+            for t in tokens[i, :lengths[i]].tolist():
+                allowed[i].append(len(set(m.allowed())))
+                if not m.accept_token(t):
+                    raise RuntimeError(f"row {i}: token {t} decoded on device is rejected by "
+                                       "its choice grammar (tables and matcher disagree)")
+            grammar_end[i] = m.is_terminated() and not stopped[i]
 
     @staticmethod
     def _advance_matchers(state: DecodeState, matchers: list, step: int, done: np.ndarray,
@@ -492,9 +540,10 @@ class JaxSampler:
         stop_ids = np.full((1 << max(len(stops) - 1, 0).bit_length(),), -1, np.int32)
         stop_ids[:len(stops)] = stops
         temperature = 1.0 if params.is_greedy else params.temperature
+        table, flags = np.zeros((1, 1), np.int32), np.zeros((1,), bool)
         return SampleArgs(np.float32(temperature), np.int32(max(params.top_k, 0)),
                           np.float32(params.top_p), np.int32(params.max_new_tokens), stop_ids,
-                          key, np.zeros((1, 1), np.int32))
+                          key, table, table, table, flags, flags)
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         vocab = self.config.vocab_size
@@ -536,6 +585,9 @@ class JaxSampler:
             return jnp.asarray(a)
         return jax.device_put(a, self._sharding(self._batch_axes(), *(None,) * (a.ndim - 1)))
 
+    def _put_replicated(self, a: np.ndarray) -> jax.Array:
+        return jnp.asarray(a) if self._mesh is None else jax.device_put(a, self._sharding())
+
     def _place(self, flat: FlatParams) -> FlatParams:
         """Parameters laid out by `rules` on the mesh (unchanged without one)."""
         if self._mesh is None:
@@ -551,7 +603,7 @@ class JaxSampler:
         b = self._batch_axes()
         rows, vec = self._sharding(b, None), self._sharding(b)
         shardings = DecodeState(self._cache_shardings(state.cache.k.shape), rows, rows, rows,
-                                vec, vec, vec, vec, self._sharding())
+                                vec, vec, vec, vec, vec, self._sharding())
         return jax.lax.with_sharding_constraint(state, shardings)
 
     def _constrain_cache(self, cache: KVCache) -> KVCache:
@@ -628,28 +680,55 @@ class JaxSampler:
         return DecodeState(
             cache, logits, jnp.full((B, new_bucket), self._pad_id, jnp.int32),
             jnp.zeros((B, new_bucket), jnp.float32), jnp.zeros((B,), jnp.int32),
-            prompt_lens.astype(jnp.int32), ~real, jnp.zeros((B,), bool), jnp.zeros((), jnp.int32))
+            prompt_lens.astype(jnp.int32), ~real, jnp.zeros((B,), bool),
+            jnp.full((B,), -1, jnp.int32), jnp.zeros((), jnp.int32))
 
     def _decode_impl(self, params: FlatParams, state: DecodeState, limit: jax.Array,
                      args: SampleArgs, *, greedy: bool, truncate: str,
-                     constrained: bool) -> DecodeState:
-        """Sample until step == min(limit, max_new) or every row is done."""
+                     grammar: str) -> DecodeState:
+        """Sample until step == min(limit, max_new) or every row is done. `grammar`: "none",
+        "mask" (`args.allowed` for this step) or "choice" (masks from the tries in `args`)."""
         self.trace_count += 1
         model = self._merge(params)
         pad = self._pad_id
-        allowed = unpack_bitmask(args.allowed, self.config.vocab_size) if constrained else None
+        V = self.config.vocab_size
+        allowed = unpack_bitmask(args.allowed, V) if grammar == "mask" else None
+        # Stop tokens as a [V] mask (-1 padding dropped): a complete option may end on one.
+        is_stop = jnp.zeros((V + 1,), bool).at[jnp.where(args.stop_ids >= 0, args.stop_ids,
+                                                         V)].set(True)[:V]
+
+        def choice_mask(node: jax.Array) -> tuple[jax.Array, jax.Array]:
+            """[B, V] allowed tokens at each row's node, and its children's tokens [B, C]."""
+            at = jnp.maximum(node, 0)
+            kids = args.choice_token[at]
+            rows = jnp.arange(node.shape[0])[:, None]
+            mask = jnp.zeros((node.shape[0], V + 1), bool).at[
+                rows, jnp.where(kids >= 0, kids, V)].set(True)[:, :V]
+            mask |= args.choice_stop[at][:, None] & is_stop[None, :]
+            return mask | (node < 0)[:, None], kids
 
         def cond(s: DecodeState) -> jax.Array:
             return (s.step < jnp.minimum(limit, args.max_new)) & ~jnp.all(s.done)
 
         def body(s: DecodeState) -> DecodeState:
             key = jax.random.fold_in(args.key, s.step)
+            mask = allowed
+            if grammar == "choice":
+                mask, kids = choice_mask(s.node)
             tok, lp = sample_logits(s.logits, key, args.temperature, args.top_k, args.top_p,
-                                    greedy=greedy, truncate=truncate, allowed=allowed)
+                                    greedy=greedy, truncate=truncate, allowed=mask)
             active = ~s.done
             tok = jnp.where(active, tok, pad)
             lp = jnp.where(active, lp, 0.0)
             hit = active & jnp.any(tok[:, None] == args.stop_ids[None, :], axis=-1)
+            node, ended = s.node, jnp.zeros_like(hit)
+            if grammar == "choice":
+                match = kids == tok[:, None]
+                moved = active & (s.node >= 0) & match.any(-1)
+                child = jnp.take_along_axis(args.choice_child[jnp.maximum(s.node, 0)],
+                                            jnp.argmax(match, -1)[:, None], -1)[:, 0]
+                node = jnp.where(moved, child, s.node)
+                ended = moved & args.choice_end[child]
             hidden, cache = model.hidden_states(
                 tok[:, None], (s.prompt_lens + s.step)[:, None],
                 jnp.ones((tok.shape[0], 1), bool), s.cache)
@@ -658,7 +737,8 @@ class JaxSampler:
                 jax.lax.dynamic_update_slice(s.tokens, tok[:, None], (0, s.step)),
                 jax.lax.dynamic_update_slice(s.logprobs, lp[:, None], (0, s.step)),
                 s.lengths + active.astype(jnp.int32), s.prompt_lens,
-                s.done | hit | (s.step + 1 >= args.max_new), s.stopped | hit, s.step + 1)
+                s.done | hit | ended | (s.step + 1 >= args.max_new), s.stopped | hit, node,
+                s.step + 1)
             return self._constrain(new)
 
         return jax.lax.while_loop(cond, body, state)
