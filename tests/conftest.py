@@ -56,8 +56,9 @@ def no_compile_cache():
     """Compile for real in this test (for tests that count compilations)."""
     from jax._src import compilation_cache
 
+    old = jax.config.values["jax_enable_compilation_cache"]
     jax.config.update("jax_enable_compilation_cache", False)
     compilation_cache.reset_cache()
     yield
-    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_enable_compilation_cache", old)
     compilation_cache.reset_cache()
