@@ -8,6 +8,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "VLLM_CACHE_ROOT" not in os.environ:  # one vLLM cache: later servers skip model inspection
+    import tempfile
+
+    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="vllm_cache_")
 
 from pathlib import Path
 

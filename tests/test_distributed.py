@@ -141,8 +141,8 @@ def test_two_hosts_run_the_training_loop(tmp_path):
            "data.quotas={MATH: 1, CODE: 1, KNOWLEDGE: 1, REASON: 1, RECALL: 1}",
            "data.synthetic_queries=60",
            "algo.exploration.forced_start_batch=0", "algo.exploration.forced_anneal_steps=1",
-           "rollout.max_new_tokens=48", "logging.progress=false",
-           "logging.tensorboard=false", "checkpoint.full_every=2"]
+           "rollout.max_new_tokens=48", "rollout.prompt_buckets=[256,1024,4096]",
+           "logging.progress=false", "logging.tensorboard=false", "checkpoint.full_every=2"]
     outs = run_two_processes(cmd, 2)
 
     records = read_metrics(out / "metrics.jsonl")

@@ -89,3 +89,27 @@ def test_sleep_mode_flag_and_config(tmp_path):
         ServerConfig(model=str(model), work_dir=str(tmp_path), sleep_level=5)
     with pytest.raises(ValueError, match="rollout.vllm.sleep_level"):
         load_train_config("configs/quickstart.yaml", ["rollout.vllm.sleep_level=3"])
+
+
+def test_single_process_and_the_vllm_cache(tmp_path, monkeypatch):
+    """`single_process` runs engine and worker in the server's process; the vLLM cache is the
+    environment's `VLLM_CACHE_ROOT` if set (shared by servers), else the work directory's."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    one = VllmServer(ServerConfig(model=str(model), work_dir=str(tmp_path / "w"),
+                                  single_process=True))
+    cmd = one.command()
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    env = one.environment()
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "w" / "cache")
+    default = VllmServer(ServerConfig(model=str(model), work_dir=str(tmp_path / "w")))
+    assert "--distributed-executor-backend" not in default.command()
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "shared"))
+    env = default.environment()
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "shared")
+    cfg = load_train_config("configs/quickstart.yaml", ["rollout.vllm.single_process=true"])
+    assert cfg.rollout.vllm.single_process

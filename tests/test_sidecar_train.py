@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 STEPS = 3
-TINY = ["rollout.sampler=vllm", "rollout.vllm.max_model_len=2048", "data.batch_size=2",
+TINY = ["rollout.sampler=vllm", "rollout.vllm.max_model_len=2048",
+        "rollout.vllm.single_process=true", "data.batch_size=2",
         "data.group_size=2", "data.quotas={MATH: 1, RECALL: 1}", "data.synthetic_queries=40",
         "model.random.head_dim=32", "algo.loss.micro_batch_size=0",
         "algo.exploration.forced_start_batch=-1", f"steps={STEPS}", "checkpoint.full_every=1",

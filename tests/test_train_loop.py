@@ -20,17 +20,27 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # Four short steps: 5 queries (one per domain) x 2 rollouts, full state every 2 steps; the
 # curriculum turns free at step 3 so both arms and the COMET split are exercised; the sampler
-# reuses earlier turns' KV caches (off in the quickstart itself).
+# reuses earlier turns' KV caches (off in the quickstart itself). Coarse prompt buckets: a
+# short run compiles fewer shapes.
 SMALL = ["steps=4", "data.batch_size=5", "data.group_size=2", "checkpoint.full_every=2",
          "data.quotas={MATH: 1, CODE: 1, KNOWLEDGE: 1, REASON: 1, RECALL: 1}",
          "algo.exploration.forced_start_batch=0", "algo.exploration.forced_anneal_steps=2",
-         "rollout.max_new_tokens=48", "rollout.prefix_cache_mb=64", "logging.progress=false",
+         "rollout.max_new_tokens=48", "rollout.prefix_cache_mb=64",
+         "rollout.prompt_buckets=[256,1024,4096]", "logging.progress=false",
          "logging.tensorboard=false"]
 
 
 def train_cmd(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "jax_routeweaver.cli", "train", "--config", str(QUICKSTART),
             f"out_dir={out}", *SMALL, *extra]
+
+
+def run_env(compile_cache: Path) -> dict[str, str]:
+    """A CPU run's environment that shares the session's compile cache: runs that build the
+    same programs load them instead of compiling."""
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+            "JAX_COMPILATION_CACHE_DIR": str(compile_cache),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 def comparable(records: list[dict]) -> list[dict]:
@@ -54,11 +64,12 @@ def test_bad_override_value_names_the_key(capsys):
 @pytest.mark.parametrize(("override", "message"), [
     ("rollout.task_text=<b>", "without tags"),
     ("rollout.task_text=' lead'", "not start with a space"),
+    ("rollout.prompt_buckets=[512,256]", "strictly increasing"),
 ])
-def test_bad_task_text_is_a_config_error(override, message, capsys):
+def test_bad_rollout_option_is_a_config_error(override, message, capsys):
     assert main(["train", "--config", str(QUICKSTART), "--print-config", override]) == 2
     err = capsys.readouterr().err
-    assert "rollout.task_text" in err and message in err
+    assert override.split("=")[0] in err and message in err
 
 
 def test_print_config_resolves_overrides(capsys):
@@ -71,10 +82,7 @@ def test_print_config_resolves_overrides(capsys):
 
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_repeats_the_uninterrupted_run(tmp_path, compile_cache):
-    # The four runs build the same programs: the later ones load them from the cache.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-           "JAX_COMPILATION_CACHE_DIR": str(compile_cache),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    env = run_env(compile_cache)  # the four runs build the same programs
     whole = tmp_path / "whole"
     subprocess.run(train_cmd(whole), check=True, env=env, capture_output=True, timeout=900)
     expected = read_metrics(whole / "metrics.jsonl")
@@ -140,7 +148,7 @@ def test_out_dir_url_is_a_config_error(capsys):
     assert "out_dir: 'gs://bucket/run': a filesystem path is needed" in capsys.readouterr().err
 
 
-def test_http_workers_serve_every_step(tmp_path, monkeypatch):
+def test_http_workers_serve_every_step(tmp_path, monkeypatch, compile_cache):
     """Workers behind real HTTP (`HttpWorkerPool`, which binds its client to one event loop)
     across steps: the run keeps one loop, so step 2 calls the workers like step 1."""
     from openai_stub import KEY_ENV, PROXY_VARS, SECRET, SimServer, channel_file
@@ -161,7 +169,7 @@ def test_http_workers_serve_every_step(tmp_path, monkeypatch):
         done = subprocess.run(train_cmd(tmp_path / "run", "steps=2",
                                         f"workers.pool={channels}"),
                               capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+                              env=run_env(compile_cache))
         assert done.returncode == 0, done.stderr[-2000:]
     finally:
         server.close()

@@ -122,12 +122,12 @@ def _expected(model, tokenizer):
 
 def _sync_in_place(sampler, tokenizer, path, ckpt_dir, version, transport="orbax"):
     """Sync a trained policy in place (an orbax step, or an HF export for transport "hf"); the
-    sidecar then samples exactly like JaxSampler on the new weights. A stale step on disk is
-    detected by verification."""
+    sidecar then samples exactly like JaxSampler on the new weights. A stale step on disk (the
+    untrained weights) is detected by verification."""
     model = _trained(path, seed=version)
     with PolicyCheckpointer(ckpt_dir) as ckpt:
         step_dir = ckpt.save(model, version)
-        stale_dir = ckpt.save(_trained(path, seed=100 + version), version + 1)
+        stale_dir = ckpt.save(load_hf(path), version + 1)
     if transport == "hf":
         step_dir = save_hf(model, ckpt_dir / "hf" / str(version))
         stale_dir = save_hf(load_hf(path), ckpt_dir / "hf" / "stale")
@@ -176,7 +176,11 @@ def test_greedy_parity_and_in_place_sync_untied_then_tied(setup, tmp_path):
     assert server.starts == starts  # in place: no restart
     with pytest.raises(ValueError, match="strictly increase"):
         sampler.update_weights(dirs[False], 6)
-    sampler.update_weights(dirs[True], 8)  # later tests: the server serves dirs[True] as is
+    # After the failed sync, a good one serves again: dirs[True] itself, in place (later tests
+    # compare the server with JaxSampler on server.config.model).
+    expected, probe = _expected(load_hf(dirs[True]), tokenizer)
+    sampler.sync_policy_step(dirs[True], 8, expected=expected, probe=probe, transport="hf")
+    assert sampler.policy_version == 8 and server.starts == starts
 
 
 def test_grammar_parity_and_trailing_stop_token(setup):

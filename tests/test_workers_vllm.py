@@ -93,10 +93,12 @@ def vllm_server(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "VLLM_CACHE_ROOT": str(root / "vllm-cache")}
+           # One process (engine and model worker in the server's): starts ~12 s sooner.
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-           "--enforce-eager", "--max-model-len", "512", "--dtype", "float32"]
+           "--enforce-eager", "--max-model-len", "512", "--dtype", "float32",
+           "--distributed-executor-backend", "uni"]
     log_path = root / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,

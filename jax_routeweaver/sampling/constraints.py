@@ -124,6 +124,11 @@ class ChoiceMatcher:
         """Nothing accepted yet."""
         return self._node is self._root and not self._done
 
+    def trie(self) -> tuple[dict, bool]:
+        """The root node (token id -> child node; a `None` key marks a complete option) and
+        whether stop tokens end the options (else a complete option ends the row)."""
+        return self._root, bool(self._stops)
+
 
 class ChoiceTables(NamedTuple):
     """A batch's `ChoiceMatcher` tries as arrays, for decoding on device (S nodes, C children
@@ -153,11 +158,12 @@ def choice_tables(matchers: Sequence[ChoiceMatcher | None], *, min_nodes: int = 
             raise ValueError(f"choice_tables: row {i}'s matcher has already accepted tokens")
         if m.key not in roots:
             roots[m.key] = len(nodes)
-            queue = collections.deque([m._root])
+            root, has_stops = m.trie()
+            queue = collections.deque([root])
             while queue:  # breadth first: a node's id is its position in `nodes`
                 node = queue.popleft()
                 nodes.append(node)
-                stops.append(bool(m._stops))
+                stops.append(has_stops)
                 queue.extend(c for t, c in node.items() if t is not None)
         start[i] = roots[m.key]
     width = max((sum(t is not None for t in n) for n in nodes), default=1)

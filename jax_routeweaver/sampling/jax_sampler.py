@@ -697,15 +697,16 @@ class JaxSampler:
         is_stop = jnp.zeros((V + 1,), bool).at[jnp.where(args.stop_ids >= 0, args.stop_ids,
                                                          V)].set(True)[:V]
 
-        def choice_mask(node: jax.Array) -> tuple[jax.Array, jax.Array]:
-            """[B, V] allowed tokens at each row's node, and its children's tokens [B, C]."""
+        def choice_mask(node: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+            """[B, V] allowed tokens at each row's node, its children's tokens [B, C] and the
+            node as a table index [B] (0 for unconstrained rows, -1)."""
             at = jnp.maximum(node, 0)
             kids = args.choice_token[at]
             rows = jnp.arange(node.shape[0])[:, None]
             mask = jnp.zeros((node.shape[0], V + 1), bool).at[
                 rows, jnp.where(kids >= 0, kids, V)].set(True)[:, :V]
             mask |= args.choice_stop[at][:, None] & is_stop[None, :]
-            return mask | (node < 0)[:, None], kids
+            return mask | (node < 0)[:, None], kids, at
 
         def cond(s: DecodeState) -> jax.Array:
             return (s.step < jnp.minimum(limit, args.max_new)) & ~jnp.all(s.done)
@@ -714,7 +715,7 @@ class JaxSampler:
             key = jax.random.fold_in(args.key, s.step)
             mask = allowed
             if grammar == "choice":
-                mask, kids = choice_mask(s.node)
+                mask, kids, at = choice_mask(s.node)
             tok, lp = sample_logits(s.logits, key, args.temperature, args.top_k, args.top_p,
                                     greedy=greedy, truncate=truncate, allowed=mask)
             active = ~s.done
@@ -725,7 +726,7 @@ class JaxSampler:
             if grammar == "choice":
                 match = kids == tok[:, None]
                 moved = active & (s.node >= 0) & match.any(-1)
-                child = jnp.take_along_axis(args.choice_child[jnp.maximum(s.node, 0)],
+                child = jnp.take_along_axis(args.choice_child[at],
                                             jnp.argmax(match, -1)[:, None], -1)[:, 0]
                 node = jnp.where(moved, child, s.node)
                 ended = moved & args.choice_end[child]
