@@ -8,10 +8,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if "VLLM_CACHE_ROOT" not in os.environ:  # one vLLM cache: later servers skip model inspection
-    import tempfile
-
-    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="vllm_cache_")
 
 from pathlib import Path
 
@@ -32,6 +28,18 @@ def tiny_hf_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny_qwen3")
     make_hf_model(path)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_cache(tmp_path_factory):
+    """One vLLM cache for the session's servers (later ones skip vLLM's model inspection),
+    unless the environment names one."""
+    if "VLLM_CACHE_ROOT" in os.environ:
+        yield
+        return
+    os.environ["VLLM_CACHE_ROOT"] = str(tmp_path_factory.mktemp("vllm_cache"))
+    yield
+    del os.environ["VLLM_CACHE_ROOT"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -86,11 +86,7 @@ from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
 from jax_routeweaver.routing.simulated import synthetic_tasks
 from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE, HttpWorkerPool, load_channels
 from jax_routeweaver.sampling.constraints import GrammarConstraints
-from jax_routeweaver.sampling.jax_sampler import (
-    DEFAULT_BATCH_BUCKETS,
-    DEFAULT_PROMPT_BUCKETS,
-    JaxSampler,
-)
+from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampler
 
 CACHE_FILE = "worker_cache.jsonl"
 SYNTHETIC = "synthetic"
@@ -400,8 +396,7 @@ class _Runner:
                                       rules=SAMPLE_RULES, constraints=constraints,
                                       batch_buckets=buckets,
                                       prefix_cache_mb=cfg.rollout.prefix_cache_mb,
-                                      prompt_buckets=cfg.rollout.prompt_buckets
-                                      or DEFAULT_PROMPT_BUCKETS,
+                                      prompt_buckets=cfg.rollout.prompt_buckets,
                                       device_choices=cfg.rollout.device_choices)
         del model
         self.loop = asyncio.new_event_loop()

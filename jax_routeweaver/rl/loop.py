@@ -61,11 +61,7 @@ from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tas
 from jax_routeweaver.routing.workers import HttpWorkerPool, load_channels
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import GrammarConstraints
-from jax_routeweaver.sampling.jax_sampler import (
-    DEFAULT_BATCH_BUCKETS,
-    DEFAULT_PROMPT_BUCKETS,
-    JaxSampler,
-)
+from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampler
 from jax_routeweaver.sampling.vllm_sidecar import SidecarError
 
 CONFIG_FILE = "config.yaml"
@@ -270,8 +266,7 @@ class _Run:
                                       pad_id=self.pad_id, mesh=sample_mesh, rules=SAMPLE_RULES,
                                       constraints=constraints, batch_buckets=buckets,
                                       prefix_cache_mb=cfg.rollout.prefix_cache_mb,
-                                      prompt_buckets=cfg.rollout.prompt_buckets
-                                      or DEFAULT_PROMPT_BUCKETS,
+                                      prompt_buckets=cfg.rollout.prompt_buckets,
                                       device_choices=cfg.rollout.device_choices)
         explore = cfg.algo.exploration
         loss = dataclasses.replace(cfg.algo.loss, support_lambda0=explore.support_lambda0,

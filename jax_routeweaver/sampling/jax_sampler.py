@@ -1,14 +1,15 @@
 """`JaxSampler`: batched generation with a `Qwen3` in this process (jitted prefill + decode loop).
 
 Bucketing (so similar calls reuse compiled code): a group of prompts is left-padded to the
-smallest `prompt_buckets` entry >= its longest prompt (P) and to the smallest `batch_buckets`
-entry >= its size (B; filler rows are one-token dummies, done from the start, whose output is
-dropped). The KV cache has P + N slots, N = `new_token_bucket(max_new_tokens)` (a power of two,
-at least 16). Compiled code depends only on (B, P, N, greedy, truncated sampling) and the
-weights' shapes/shardings; temperature, top-k, top-p, max_new_tokens, stop tokens (padded to a
-power-of-two count) and the RNG key are runtime values. More prompts than the largest batch
-bucket are processed in groups; a prompt longer than the largest prompt bucket pads to a
-multiple of it. On a mesh only batch buckets divisible by the batch shards are used.
+smallest `prompt_buckets` entry (empty: `DEFAULT_PROMPT_BUCKETS`) >= its longest prompt (P) and
+to the smallest `batch_buckets` entry >= its size (B; filler rows are one-token dummies, done
+from the start, whose output is dropped). The KV cache has P + N slots, N =
+`new_token_bucket(max_new_tokens)` (a power of two, at least 16). Compiled code depends only on
+(B, P, N, greedy, truncated sampling) and the weights' shapes/shardings; temperature, top-k,
+top-p, max_new_tokens, stop tokens (padded to a power-of-two count) and the RNG key are runtime
+values. More prompts than the largest batch bucket are processed in groups; a prompt longer
+than the largest prompt bucket pads to a multiple of it. On a mesh only batch buckets divisible
+by the batch shards are used.
 
 Prefix reuse (`prefix_cache_mb` > 0): every group's final KV cache is kept (`PrefixStore`,
 newest first within the budget, dropped when the weights change), so a later prompt that
@@ -262,7 +263,8 @@ class JaxSampler:
         self._cache_dtype = cache_dtype
         self._stop_check_interval = stop_check_interval
         self._device_choices = device_choices
-        self._prompt_buckets = _check_buckets("prompt_buckets", prompt_buckets)
+        self._prompt_buckets = _check_buckets("prompt_buckets",
+                                              prompt_buckets or DEFAULT_PROMPT_BUCKETS)
         self._batch_buckets = self._usable_batch_buckets(_check_buckets("batch_buckets",
                                                                         batch_buckets))
         self._version = int(policy_version)
