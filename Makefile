@@ -21,8 +21,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
+# Two workers, each taking a whole test file at a time (module fixtures stay in one process);
+# the suite's time with and without: bench/RESULTS.md, "Test suite time".
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 quickstart: $(STAMP)
 	$(VENV)/bin/routeweaver train --config configs/quickstart.yaml

@@ -27,11 +27,13 @@ def model(seed: int = 0, mesh=None) -> Qwen3:
     return create_sharded(lambda: Qwen3(CFG, rngs=nnx.Rngs(seed)), mesh)
 
 
-def random_batch(n: int = 8, length: int = 32, seed: int = 0) -> dict[str, np.ndarray]:
-    """Right-padded rows: a prompt, then response tokens partly masked (env tokens)."""
+def random_batch(n: int = 8, length: int = 32, seed: int = 0,
+                 min_length: int | None = None) -> dict[str, np.ndarray]:
+    """Right-padded rows of ``min_length`` (default length/2) to ``length`` tokens: a prompt,
+    then response tokens partly masked (env tokens)."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, CFG.vocab_size, (n, length)).astype(np.int32)
-    lengths = rng.integers(length // 2, length + 1, n)
+    lengths = rng.integers(min_length or length // 2, length + 1, n)
     attention = np.arange(length)[None] < lengths[:, None]
     prompt = rng.integers(4, 10, n)
     response = (attention & (np.arange(length)[None] >= prompt[:, None])
@@ -285,3 +287,78 @@ def test_ppo_mini_batches_are_sequential_steps_against_the_pre_update_policy():
         split.update(**{k: v[:5] for k, v in batch.items()})
     with pytest.raises(ValueError, match="ppo_mini_batches=0"):
         LossConfig(ppo_mini_batches=0)
+
+
+def gathered(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The batch with its per-token arrays at the policy tokens only (``index``)."""
+    resp = batch["response_mask"] > 0
+    width = int(resp.sum(1).max())
+    index = np.ones((resp.shape[0], width), np.int32)
+    valid = np.zeros((resp.shape[0], width), np.float32)
+    for i, row in enumerate(resp):
+        pos = np.flatnonzero(row)
+        index[i, :len(pos)], valid[i, :len(pos)] = pos, 1
+    take = lambda x: np.take_along_axis(x, index, axis=1) * valid
+    return dict(tokens=batch["tokens"], positions=batch["positions"],
+                attention_mask=batch["attention_mask"], response_mask=valid,
+                mode_mask=take(batch["mode_mask"]), advantages=take(batch["advantages"]),
+                clean=batch["clean"], index=index)
+
+
+@pytest.mark.parametrize("layout", ["full", "gathered"])
+def test_group_by_length_gives_the_same_gradient_and_update(layout):
+    """Length-sorted micro-batches, each cut to its own bucket, are the same objective: the
+    same gradient, loss and optimizer step as padding every row to the longest."""
+    batch = random_batch(n=8, length=256, seed=7, min_length=16)
+    if layout == "gathered":
+        batch = gathered(batch)
+    plain = Trainer(model(), OptimConfig(lr=1e-2), LossConfig(micro_batch_size=4, kl_coef=0.01))
+    grouped = Trainer(model(), OptimConfig(lr=1e-2),
+                      LossConfig(micro_batch_size=4, kl_coef=0.01, group_by_length=True))
+    groups = grouped.length_groups(batch["attention_mask"])
+    lengths = batch["attention_mask"].sum(1)
+    # Sorted, every row once, each group cut at a bucket that still holds its rows.
+    assert sorted(np.concatenate([rows for rows, _ in groups])) == list(range(8))
+    assert [lengths[rows].max() for rows, _ in groups] == sorted(
+        lengths[rows].max() for rows, _ in groups)
+    assert all(lengths[rows].max() <= cut <= 256 for rows, cut in groups)
+    assert len({cut for _, cut in groups}) > 1 and min(cut for _, cut in groups) < 256
+
+    g_plain, m_plain = plain.gradients(**batch)
+    g_grouped, m_grouped = grouped.gradients(**batch)
+    assert_grads_close(g_plain, g_grouped, rtol=1e-5)
+    for key in ("loss/total", "loss/pg_mode", "loss/pg_inner", "loss/kl", "grad/norm"):
+        np.testing.assert_allclose(float(m_grouped[key]), float(m_plain[key]), rtol=1e-5)
+
+    sampler_logp = np.asarray(plain.logprobs(plain.state.params, batch["tokens"],
+                                             batch["positions"], batch["attention_mask"],
+                                             batch.get("index")))
+    lp_grouped = grouped.logprobs(grouped.state.params, batch["tokens"], batch["positions"],
+                                  batch["attention_mask"], batch.get("index"))
+    m = batch["response_mask"] > 0
+    np.testing.assert_allclose(lp_grouped[m], sampler_logp[m], rtol=0, atol=1e-5)
+    m_plain = plain.update(**batch, sampler_logp=sampler_logp)
+    m_grouped = grouped.update(**batch, sampler_logp=sampler_logp)
+    # The loss pass's logprobs come back in the rows' own order.
+    assert m_grouped["logprob/sampler_gap_max"] < 1e-5
+    np.testing.assert_allclose(m_grouped["loss/total"], m_plain["loss/total"], rtol=1e-5)
+    # Adam divides by |g|: where a gradient is ~0 its float noise moves a weight by up to
+    # lr, so the bound is a hundredth of lr (a wrong gradient moves weights by ~lr).
+    np.testing.assert_allclose(flat(grouped.state.params), flat(plain.state.params),
+                               rtol=0, atol=1e-4)
+    assert grouped.step == plain.step == 1
+
+
+def test_group_by_length_on_the_8_device_mesh(devices):
+    mesh = make_mesh((2, 4, 1))
+    batch = random_batch(n=16, length=256, seed=8, min_length=16)
+    ref = Trainer(model(), OptimConfig(), LossConfig(micro_batch_size=0))
+    sharded = Trainer(model(mesh=mesh), OptimConfig(),
+                      LossConfig(micro_batch_size=8, group_by_length=True), mesh=mesh)
+    assert len({cut for _, cut in sharded.length_groups(batch["attention_mask"])}) == 2
+    g_ref, _ = ref.gradients(**batch)
+    g_mesh, _ = sharded.gradients(**batch)
+    assert_grads_close(g_ref, g_mesh, rtol=1e-5)
+    sharded.update(**batch)
+    leaf = jax.tree.leaves(sharded.state.params)[0]
+    assert len(leaf.sharding.device_set) > 1 and sharded.step == 1

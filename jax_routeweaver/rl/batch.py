@@ -17,7 +17,7 @@ import numpy as np
 
 from jax_routeweaver.rewards.reward import Rewards
 from jax_routeweaver.rl import advantages as adv_lib
-from jax_routeweaver.rl.trainer import round_up
+from jax_routeweaver.rl.trainer import length_bucket, round_up
 from jax_routeweaver.routing.episode import Trajectory
 
 MODE_IDS = {"single": adv_lib.MODE_SINGLE, "multi": adv_lib.MODE_MULTI,
@@ -69,18 +69,6 @@ class RolloutBatch:
         """``[N, L]`` -> ``[N, P]`` at the policy tokens (0 on padding entries)."""
         out = np.take_along_axis(np.asarray(x), self.policy_index, axis=1)
         return (out * self.policy_valid).astype(np.float32)
-
-
-def length_bucket(n: int, minimum: int = 64) -> int:
-    """The smallest of ``minimum·2^k`` and ``1.5·minimum·2^k`` that holds ``n``: a handful of
-    compiled shapes per run (lengths change every step), at most 50% padding."""
-    size = minimum
-    while True:
-        if n <= size:
-            return size
-        if n <= size * 3 // 2:
-            return size * 3 // 2
-        size *= 2
 
 
 def pack_rollouts(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *, group_size: int,

@@ -199,7 +199,9 @@ def memory_plan(model: ModelConfig, shape: StepShape, *, mesh_shape: Sequence[in
     """Compile one update and one logprob pass of ``model`` for ``shape`` on a mesh of
     ``devices`` (fake CPU devices are fine) and return their per-device memory. The
     micro-batch is ``shape.rows_per_device`` × the batch shards; ``loss``'s own
-    ``micro_batch_size`` is replaced by it."""
+    ``micro_batch_size`` is replaced by it. With ``loss.group_by_length`` the same work runs
+    as one call per micro-batch at its own length (at most ``shape.length``) and a separate
+    optimizer step, each holding less at once: this plan is then an upper bound."""
     mesh = make_mesh(tuple(mesh_shape), devices)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     micro = shape.rows_per_device * shards

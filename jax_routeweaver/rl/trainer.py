@@ -18,7 +18,12 @@ One step (spec §6.7–6.10) on a packed :class:`~jax_routeweaver.rl.batch.Rollo
 4. optax: global-norm clip, AdamW.
 
 Steps 2–4 are one ``jax.jit`` with params and optimizer state donated; micro-batches run
-under ``lax.scan`` so the whole update is one dispatch.
+under ``lax.scan`` so the whole update is one dispatch. With ``loss.group_by_length`` each
+mini-batch's rows are sorted by length and every micro-batch runs at its own length bucket
+(:func:`length_bucket`): one jitted call per micro-batch accumulates into a donated gradient,
+then one jitted call applies it. RL rows differ a lot in length (a single call against a
+six-round agentic episode), so short rows stop paying for the longest; the gradient is the
+same sum (global denominators), one compile per bucket instead of one per batch shape.
 """
 
 from __future__ import annotations
@@ -72,7 +77,9 @@ class LossConfig:
     whole mini-batch in one). ``ppo_mini_batches`` × ``ppo_epochs`` optimizer steps per
     batch (the reference: 1 × 1). The support terms are §6.10's (``support_chunk`` rows are
     scored per forward; the support gradient joins every optimizer step, as the reference's
-    hook joins every backward)."""
+    hook joins every backward). ``group_by_length``: micro-batches of length-sorted rows, each
+    at its own length bucket (module docstring; verl's ``use_dynamic_bsz`` serves the same
+    end by packing)."""
 
     reduction: str = "segment"
     clip_low: float = 0.2
@@ -86,6 +93,7 @@ class LossConfig:
     support_chunk: int = 12
     ppo_mini_batches: int = 1
     ppo_epochs: int = 1
+    group_by_length: bool = False
 
     def __post_init__(self) -> None:
         if self.reduction not in REDUCTIONS:
@@ -237,6 +245,10 @@ class Trainer:
         static = ("with_support", "num_queries")
         self._update = jax.jit(self._update_impl, donate_argnums=(0,), static_argnames=static)
         self._grads = jax.jit(self._grads_impl, static_argnames=static)
+        # group_by_length: per-micro-batch accumulation, then the shared tail.
+        self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,))
+        self._apply = jax.jit(self._apply_impl, donate_argnums=(0,), static_argnames=static)
+        self._finish = jax.jit(self._finish_impl, static_argnames=static)
 
     # ------------------------------------------------------------------ public
     @property
@@ -267,11 +279,24 @@ class Trainer:
                  attention_mask: np.ndarray, index: np.ndarray | None = None) -> jax.Array:
         """Logprobs at the rollout temperature, micro-batch by micro-batch (``lax.map``):
         ``[N, L]`` per token, or ``[N, P]`` at ``index [N, P]`` (see `gathered_logprobs`)."""
+        if self.loss_cfg.group_by_length:
+            return self._grouped_logprobs(params, tokens, positions, attention_mask, index)
         m = self.micro_batches(tokens.shape[0])
         args = [self._put(a, m) for a in (tokens, positions, attention_mask)]
         idx = None if index is None else self._put(index, m)
         out = self._logprobs(params, *args, idx)
         return out.reshape(tokens.shape[0], -1)
+
+    def length_groups(self, attention_mask: np.ndarray) -> list[tuple[np.ndarray, int]]:
+        """The micro-batches of ``group_by_length``: rows ``[N]`` sorted by length (last
+        attended position + 1; rows are right-padded), ``micro_batch_size`` at a time, each
+        with its :func:`length_bucket` (at most L). Sorting is stable: deterministic."""
+        mask = np.asarray(attention_mask)
+        n, width = mask.shape
+        lengths = width - np.argmax(mask[:, ::-1], axis=1)
+        order = np.argsort(lengths, kind="stable")
+        return [(rows, min(width, length_bucket(int(lengths[rows].max()))))
+                for rows in order.reshape(self.micro_batches(n), -1)]
 
     def update(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
                response_mask: np.ndarray, mode_mask: np.ndarray, advantages: np.ndarray,
@@ -303,11 +328,17 @@ class Trainer:
         for _ in range(cfg.ppo_epochs):
             for part in rows:
                 pick = lambda a, part=part: None if a is None else np.asarray(a)[part]
-                args, kwargs = self._prepare(
-                    *(pick(a) for a in (tokens, positions, attention_mask, index, response_mask,
-                                        mode_mask, advantages, clean, old_logp, ref_logp)),
-                    support, support_rho, num_queries)
-                self.state, metrics, logp = self._update(self.state, *args, **kwargs)
+                arrays = [pick(a) for a in (tokens, positions, attention_mask, index,
+                                            response_mask, mode_mask, advantages, clean,
+                                            old_logp, ref_logp)]
+                if cfg.group_by_length:
+                    grads, stats, logp = self._grouped_grads(self.state.params, *arrays)
+                    sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
+                    self.state, metrics = self._apply(self.state, grads, stats, sup, rho,
+                                                      **kwargs)
+                else:
+                    args, kwargs = self._prepare(*arrays, support, support_rho, num_queries)
+                    self.state, metrics, logp = self._update(self.state, *args, **kwargs)
                 per_step.append(metrics)
                 if cfg.optimizer_steps == 1:
                     trainer_logp = to_host(logp).reshape(n, -1)
@@ -328,10 +359,14 @@ class Trainer:
                   num_queries: int = 0) -> tuple[Any, dict[str, jax.Array]]:
         """The accumulated gradient :meth:`update` would apply (before clipping), and its
         metrics; the state is left unchanged (tests and diagnostics)."""
-        args, kwargs = self._prepare(
-            tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
-            clean, None, self._ref_logprobs(tokens, positions, attention_mask, index),
-            support, support_rho, num_queries)
+        arrays = (tokens, positions, attention_mask, index, response_mask, mode_mask,
+                  advantages, clean, None,
+                  self._ref_logprobs(tokens, positions, attention_mask, index))
+        if self.loss_cfg.group_by_length:
+            grads, stats, _ = self._grouped_grads(self.state.params, *arrays)
+            sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
+            return self._finish(self.state.params, grads, stats, sup, rho, **kwargs)
+        args, kwargs = self._prepare(*arrays, support, support_rho, num_queries)
         grads, metrics, _ = self._grads(self.state.params, *args, **kwargs)
         return grads, metrics
 
@@ -350,10 +385,49 @@ class Trainer:
         batch = StepBatch(*(put(a) for a in (
             tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
             clean, old_logp, ref_logp)))
+        sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
+        return (batch, counts, sup, rho), kwargs
+
+    def _support_args(self, support, support_rho, num_queries):
+        """The support batch (None when its weight is 0), ``ρ`` and the static kwargs."""
         with_support = support is not None and self.loss_cfg.support_lambda0 * support_rho > 0
-        args = (batch, counts, support if with_support else None, jnp.float32(support_rho))
         kwargs = dict(with_support=with_support, num_queries=num_queries if with_support else 0)
-        return args, kwargs
+        return support if with_support else None, jnp.float32(support_rho), kwargs
+
+    def _grouped_grads(self, params, tokens, positions, attention_mask, index, response_mask,
+                       mode_mask, advantages, clean, old_logp, ref_logp
+                       ) -> tuple[Any, tuple[dict[str, jax.Array], ...], np.ndarray]:
+        """``group_by_length``'s policy gradient: one accumulating call per micro-batch of
+        :meth:`length_groups`, rows cut to the group's length. Returns the summed gradient,
+        each call's stats and the loss pass's logprobs ``[N, P]`` in the rows' order."""
+        counts = losses.segment_counts(jnp.asarray(response_mask), jnp.asarray(mode_mask))
+        grads = jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype, device=p.sharding), params)
+        stats, parts = [], []
+        for rows, length in self.length_groups(attention_mask):
+            cut = lambda a, rows=rows, length=length: (
+                None if a is None else self._put(np.asarray(a)[rows, :length], 1))
+            take = lambda a, rows=rows: None if a is None else self._put(np.asarray(a)[rows], 1)
+            per_token = cut if index is None else take
+            batch = StepBatch(cut(tokens), cut(positions), cut(attention_mask), take(index),
+                              *(per_token(a) for a in (response_mask, mode_mask, advantages)),
+                              take(clean), *(per_token(a) for a in (old_logp, ref_logp)))
+            grads, mb_stats, mb_logp = self._accumulate(params, grads, batch, counts)
+            stats.append(mb_stats)
+            parts.append((rows, mb_logp))
+        # Read back after the loop: the calls queue up without waiting on each other.
+        logp = _gather_rows(parts, tokens.shape[0], np.shape(response_mask)[1])
+        return grads, tuple(stats), logp
+
+    def _grouped_logprobs(self, params, tokens, positions, attention_mask, index) -> np.ndarray:
+        """:meth:`logprobs` micro-batch by micro-batch of :meth:`length_groups`."""
+        parts = []
+        for rows, length in self.length_groups(attention_mask):
+            cut = [self._put(np.asarray(a)[rows, :length], 1)
+                   for a in (tokens, positions, attention_mask)]
+            idx = None if index is None else self._put(np.asarray(index)[rows], 1)
+            parts.append((rows, self._logprobs(params, *cut, idx)))
+        width = tokens.shape[1] if index is None else np.shape(index)[1]
+        return _gather_rows(parts, tokens.shape[0], width)
 
     # ------------------------------------------------------------------ placement
     def _put(self, a: np.ndarray | jax.Array, m: int) -> jax.Array:
@@ -471,17 +545,39 @@ class Trainer:
                                          floor=cfg.support_floor)
         return grads, metrics
 
-    def _grads_impl(self, params: Any, batch: StepBatch, counts: losses.SegmentCounts,
-                    support: SupportBatch | None, rho: jax.Array, *, with_support: bool,
-                    num_queries: int) -> tuple[Any, dict[str, jax.Array], jax.Array]:
+    def _policy_grads(self, params: Any, batch: StepBatch, counts: losses.SegmentCounts,
+                      acc: Any) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
+        """``acc`` + the policy gradient of ``[M, mb, ...]`` micro-batches (``lax.scan``);
+        also each micro-batch's stats ``[M]`` and logprobs ``[M, mb, P]``."""
         grad_fn = jax.grad(self._micro_loss, has_aux=True)
 
         def body(acc: Any, mb: StepBatch) -> tuple[Any, tuple]:
             g, aux = grad_fn(params, mb, counts)
             return jax.tree.map(jnp.add, acc, g), aux
 
+        return jax.lax.scan(body, acc, batch)
+
+    def _accumulate_impl(self, params: Any, acc: Any, batch: StepBatch,
+                         counts: losses.SegmentCounts
+                         ) -> tuple[Any, dict[str, jax.Array], jax.Array]:
+        acc, (stats, logp) = self._policy_grads(params, batch, counts, acc)
+        return acc, stats, logp
+
+    def _grads_impl(self, params: Any, batch: StepBatch, counts: losses.SegmentCounts,
+                    support: SupportBatch | None, rho: jax.Array, *, with_support: bool,
+                    num_queries: int) -> tuple[Any, dict[str, jax.Array], jax.Array]:
         zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, (stats, logp) = jax.lax.scan(body, zeros, batch)
+        grads, (stats, logp) = self._policy_grads(params, batch, counts, zeros)
+        grads, metrics = self._finish_impl(params, grads, (stats,), support, rho,
+                                           with_support=with_support, num_queries=num_queries)
+        return grads, metrics, logp
+
+    def _finish_impl(self, params: Any, grads: Any, stats: tuple[dict[str, jax.Array], ...],
+                     support: SupportBatch | None, rho: jax.Array, *, with_support: bool,
+                     num_queries: int) -> tuple[Any, dict[str, jax.Array]]:
+        """Metrics of the policy gradient (``stats``: per micro-batch, in any number of
+        ``[M_i]`` parts), plus the support gradient when on."""
+        stats = jax.tree.map(lambda *xs: jnp.concatenate(xs), *stats)
         metrics = {k: v.sum() if k.startswith("loss/") else v.mean() for k, v in stats.items()}
         metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/"))
         metrics["grad/norm_policy"] = optax.tree.norm(grads)
@@ -491,7 +587,7 @@ class Trainer:
             metrics["grad/norm_support"] = optax.tree.norm(sgrads)
             grads = jax.tree.map(jnp.add, grads, sgrads)
         metrics["grad/norm"] = optax.tree.norm(grads)
-        return grads, metrics, logp
+        return grads, metrics
 
     def _update_impl(self, state: TrainState, batch: StepBatch, counts: losses.SegmentCounts,
                      support: SupportBatch | None, rho: jax.Array, *, with_support: bool,
@@ -499,11 +595,23 @@ class Trainer:
         """One optimizer step; also returns the loss pass's logprobs ``[M, mb, P]``."""
         grads, metrics, logp = self._grads_impl(state.params, batch, counts, support, rho,
                                           with_support=with_support, num_queries=num_queries)
+        return self._optimizer_step(state, grads, metrics), metrics, logp
+
+    def _apply_impl(self, state: TrainState, grads: Any, stats: tuple[dict[str, jax.Array], ...],
+                    support: SupportBatch | None, rho: jax.Array, *, with_support: bool,
+                    num_queries: int) -> tuple[TrainState, dict[str, jax.Array]]:
+        """``group_by_length``'s optimizer step on the accumulated policy gradient."""
+        grads, metrics = self._finish_impl(state.params, grads, stats, support, rho,
+                                           with_support=with_support, num_queries=num_queries)
+        return self._optimizer_step(state, grads, metrics), metrics
+
+    def _optimizer_step(self, state: TrainState, grads: Any, metrics: dict[str, jax.Array]
+                        ) -> TrainState:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics["optim/update_norm"] = optax.tree.norm(updates)
         rng = jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 1))
-        return TrainState(params, opt_state, state.step + 1, rng), metrics, logp
+        return TrainState(params, opt_state, state.step + 1, rng)
 
 
 def _scatter_scores(row_scores: jax.Array, query: jax.Array, mode: jax.Array,
@@ -595,6 +703,28 @@ def _choice_options(sequences: list[list[int]], k: int) -> np.ndarray:
         nxt = sorted({s[j] for s in sequences if len(s) > j and list(s[:j]) == list(seq[:j])})
         out[j, :len(nxt)] = nxt
     return out
+
+
+def _gather_rows(parts: list[tuple[np.ndarray, jax.Array]], n: int, width: int) -> np.ndarray:
+    """``[n, width]`` f32 host array from ``(rows, values)`` parts, ``values`` reshaping to
+    ``[len(rows), ≤ width]``; columns past a part's cut length stay 0."""
+    out = np.zeros((n, width), np.float32)
+    for rows, values in parts:
+        values = to_host(values).reshape(len(rows), -1)
+        out[rows, :values.shape[1]] = values
+    return out
+
+
+def length_bucket(n: int, minimum: int = 64) -> int:
+    """The smallest of ``minimum·2^k`` and ``1.5·minimum·2^k`` that holds ``n``: a handful of
+    compiled shapes per run (lengths change every step), at most 50% padding."""
+    size = minimum
+    while True:
+        if n <= size:
+            return size
+        if n <= size * 3 // 2:
+            return size * 3 // 2
+        size *= 2
 
 
 def round_up(n: int, multiple: int) -> int:
