@@ -362,3 +362,19 @@ def test_group_by_length_on_the_8_device_mesh(devices):
     sharded.update(**batch)
     leaf = jax.tree.leaves(sharded.state.params)[0]
     assert len(leaf.sharding.device_set) > 1 and sharded.step == 1
+
+
+def test_group_by_length_keeps_the_scan_when_cutting_saves_little():
+    """Rows of about one length: the cut would save under GROUP_MIN_SAVING of the padded
+    tokens, so the trainer runs the one-dispatch scan (no per-micro-batch calls)."""
+    batch = random_batch(n=8, length=128, seed=9, min_length=100)
+    trainer = Trainer(model(), OptimConfig(),
+                      LossConfig(micro_batch_size=4, kl_coef=0.0, group_by_length=True))
+    assert trainer.length_groups(batch["attention_mask"]) is None
+    calls = []
+    trainer._accumulate = lambda *a: calls.append(a)  # would record any grouped call
+    metrics = trainer.update(**batch)
+    assert not calls and trainer.step == 1 and np.isfinite(metrics["loss/total"])
+    # Widely spread rows do get cut.
+    spread = random_batch(n=8, length=256, seed=7, min_length=16)
+    assert trainer.length_groups(spread["attention_mask"]) is not None

@@ -49,6 +49,11 @@ from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, logical_to_spec,
 from jax_routeweaver.rl import losses
 
 REDUCTIONS = ("segment", "global")
+GROUP_MIN_SAVING = 0.15
+"""``group_by_length`` cuts a batch's micro-batches only when that saves at least this share of
+its padded tokens; otherwise the one-dispatch scan runs. At equal work, ten separate calls cost
+about 20 % more than one scan over ten micro-batches on CPU (bench/RESULTS.md, quickstart
+eleventh round)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,24 +284,30 @@ class Trainer:
                  attention_mask: np.ndarray, index: np.ndarray | None = None) -> jax.Array:
         """Logprobs at the rollout temperature, micro-batch by micro-batch (``lax.map``):
         ``[N, L]`` per token, or ``[N, P]`` at ``index [N, P]`` (see `gathered_logprobs`)."""
-        if self.loss_cfg.group_by_length:
-            return self._grouped_logprobs(params, tokens, positions, attention_mask, index)
+        groups = self.length_groups(attention_mask) if self.loss_cfg.group_by_length else None
+        if groups is not None:
+            return self._grouped_logprobs(params, groups, tokens, positions, attention_mask,
+                                          index)
         m = self.micro_batches(tokens.shape[0])
         args = [self._put(a, m) for a in (tokens, positions, attention_mask)]
         idx = None if index is None else self._put(index, m)
         out = self._logprobs(params, *args, idx)
         return out.reshape(tokens.shape[0], -1)
 
-    def length_groups(self, attention_mask: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    def length_groups(self, attention_mask: np.ndarray) -> list[tuple[np.ndarray, int]] | None:
         """The micro-batches of ``group_by_length``: rows ``[N]`` sorted by length (last
         attended position + 1; rows are right-padded), ``micro_batch_size`` at a time, each
-        with its :func:`length_bucket` (at most L). Sorting is stable: deterministic."""
+        with its :func:`length_bucket` (at most L). Sorting is stable: deterministic. None
+        when the cut saves less than ``GROUP_MIN_SAVING`` of the ``N × L`` padded tokens."""
         mask = np.asarray(attention_mask)
         n, width = mask.shape
         lengths = width - np.argmax(mask[:, ::-1], axis=1)
         order = np.argsort(lengths, kind="stable")
-        return [(rows, min(width, length_bucket(int(lengths[rows].max()))))
-                for rows in order.reshape(self.micro_batches(n), -1)]
+        groups = [(rows, min(width, length_bucket(int(lengths[rows].max()))))
+                  for rows in order.reshape(self.micro_batches(n), -1)]
+        if sum(len(rows) * cut for rows, cut in groups) > (1 - GROUP_MIN_SAVING) * n * width:
+            return None
+        return groups
 
     def update(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
                response_mask: np.ndarray, mode_mask: np.ndarray, advantages: np.ndarray,
@@ -331,8 +342,9 @@ class Trainer:
                 arrays = [pick(a) for a in (tokens, positions, attention_mask, index,
                                             response_mask, mode_mask, advantages, clean,
                                             old_logp, ref_logp)]
-                if cfg.group_by_length:
-                    grads, stats, logp = self._grouped_grads(self.state.params, *arrays)
+                groups = self.length_groups(arrays[2]) if cfg.group_by_length else None
+                if groups is not None:
+                    grads, stats, logp = self._grouped_grads(self.state.params, groups, *arrays)
                     sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
                     self.state, metrics = self._apply(self.state, grads, stats, sup, rho,
                                                       **kwargs)
@@ -362,8 +374,9 @@ class Trainer:
         arrays = (tokens, positions, attention_mask, index, response_mask, mode_mask,
                   advantages, clean, None,
                   self._ref_logprobs(tokens, positions, attention_mask, index))
-        if self.loss_cfg.group_by_length:
-            grads, stats, _ = self._grouped_grads(self.state.params, *arrays)
+        groups = self.length_groups(attention_mask) if self.loss_cfg.group_by_length else None
+        if groups is not None:
+            grads, stats, _ = self._grouped_grads(self.state.params, groups, *arrays)
             sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
             return self._finish(self.state.params, grads, stats, sup, rho, **kwargs)
         args, kwargs = self._prepare(*arrays, support, support_rho, num_queries)
@@ -394,16 +407,17 @@ class Trainer:
         kwargs = dict(with_support=with_support, num_queries=num_queries if with_support else 0)
         return support if with_support else None, jnp.float32(support_rho), kwargs
 
-    def _grouped_grads(self, params, tokens, positions, attention_mask, index, response_mask,
-                       mode_mask, advantages, clean, old_logp, ref_logp
+    def _grouped_grads(self, params, groups, tokens, positions, attention_mask, index,
+                       response_mask, mode_mask, advantages, clean, old_logp, ref_logp
                        ) -> tuple[Any, tuple[dict[str, jax.Array], ...], np.ndarray]:
         """``group_by_length``'s policy gradient: one accumulating call per micro-batch of
-        :meth:`length_groups`, rows cut to the group's length. Returns the summed gradient,
-        each call's stats and the loss pass's logprobs ``[N, P]`` in the rows' order."""
+        ``groups`` (:meth:`length_groups`), rows cut to the group's length. Returns the summed
+        gradient, each call's stats and the loss pass's logprobs ``[N, P]`` in the rows'
+        order."""
         counts = losses.segment_counts(jnp.asarray(response_mask), jnp.asarray(mode_mask))
         grads = jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype, device=p.sharding), params)
         stats, parts = [], []
-        for rows, length in self.length_groups(attention_mask):
+        for rows, length in groups:
             cut = lambda a, rows=rows, length=length: (
                 None if a is None else self._put(np.asarray(a)[rows, :length], 1))
             take = lambda a, rows=rows: None if a is None else self._put(np.asarray(a)[rows], 1)
@@ -418,10 +432,11 @@ class Trainer:
         logp = _gather_rows(parts, tokens.shape[0], np.shape(response_mask)[1])
         return grads, tuple(stats), logp
 
-    def _grouped_logprobs(self, params, tokens, positions, attention_mask, index) -> np.ndarray:
-        """:meth:`logprobs` micro-batch by micro-batch of :meth:`length_groups`."""
+    def _grouped_logprobs(self, params, groups, tokens, positions, attention_mask,
+                          index) -> np.ndarray:
+        """:meth:`logprobs` micro-batch by micro-batch of ``groups``."""
         parts = []
-        for rows, length in self.length_groups(attention_mask):
+        for rows, length in groups:
             cut = [self._put(np.asarray(a)[rows, :length], 1)
                    for a in (tokens, positions, attention_mask)]
             idx = None if index is None else self._put(np.asarray(index)[rows], 1)
