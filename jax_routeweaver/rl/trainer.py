@@ -284,7 +284,7 @@ class Trainer:
                  attention_mask: np.ndarray, index: np.ndarray | None = None) -> jax.Array:
         """Logprobs at the rollout temperature, micro-batch by micro-batch (``lax.map``):
         ``[N, L]`` per token, or ``[N, P]`` at ``index [N, P]`` (see `gathered_logprobs`)."""
-        groups = self.length_groups(attention_mask) if self.loss_cfg.group_by_length else None
+        groups = self.length_groups(attention_mask)
         if groups is not None:
             return self._grouped_logprobs(params, groups, tokens, positions, attention_mask,
                                           index)
@@ -298,7 +298,10 @@ class Trainer:
         """The micro-batches of ``group_by_length``: rows ``[N]`` sorted by length (last
         attended position + 1; rows are right-padded), ``micro_batch_size`` at a time, each
         with its :func:`length_bucket` (at most L). Sorting is stable: deterministic. None
-        when the cut saves less than ``GROUP_MIN_SAVING`` of the ``N × L`` padded tokens."""
+        (run the plain scan) when ``group_by_length`` is off or the cut saves less than
+        ``GROUP_MIN_SAVING`` of the ``N × L`` padded tokens."""
+        if not self.loss_cfg.group_by_length:
+            return None
         mask = np.asarray(attention_mask)
         n, width = mask.shape
         lengths = width - np.argmax(mask[:, ::-1], axis=1)
@@ -342,7 +345,7 @@ class Trainer:
                 arrays = [pick(a) for a in (tokens, positions, attention_mask, index,
                                             response_mask, mode_mask, advantages, clean,
                                             old_logp, ref_logp)]
-                groups = self.length_groups(arrays[2]) if cfg.group_by_length else None
+                groups = self.length_groups(arrays[2])
                 if groups is not None:
                     grads, stats, logp = self._grouped_grads(self.state.params, groups, *arrays)
                     sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
@@ -374,7 +377,7 @@ class Trainer:
         arrays = (tokens, positions, attention_mask, index, response_mask, mode_mask,
                   advantages, clean, None,
                   self._ref_logprobs(tokens, positions, attention_mask, index))
-        groups = self.length_groups(attention_mask) if self.loss_cfg.group_by_length else None
+        groups = self.length_groups(attention_mask)
         if groups is not None:
             grads, stats, _ = self._grouped_grads(self.state.params, groups, *arrays)
             sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
@@ -418,9 +421,8 @@ class Trainer:
         grads = jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype, device=p.sharding), params)
         stats, parts = [], []
         for rows, length in groups:
-            cut = lambda a, rows=rows, length=length: (
-                None if a is None else self._put(np.asarray(a)[rows, :length], 1))
-            take = lambda a, rows=rows: None if a is None else self._put(np.asarray(a)[rows], 1)
+            cut = lambda a, rows=rows, length=length: self._micro_batch(a, rows, length)
+            take = lambda a, rows=rows: self._micro_batch(a, rows)
             per_token = cut if index is None else take
             batch = StepBatch(cut(tokens), cut(positions), cut(attention_mask), take(index),
                               *(per_token(a) for a in (response_mask, mode_mask, advantages)),
@@ -437,14 +439,21 @@ class Trainer:
         """:meth:`logprobs` micro-batch by micro-batch of ``groups``."""
         parts = []
         for rows, length in groups:
-            cut = [self._put(np.asarray(a)[rows, :length], 1)
-                   for a in (tokens, positions, attention_mask)]
-            idx = None if index is None else self._put(np.asarray(index)[rows], 1)
-            parts.append((rows, self._logprobs(params, *cut, idx)))
+            cut = [self._micro_batch(a, rows, length) for a in (tokens, positions, attention_mask)]
+            parts.append((rows, self._logprobs(params, *cut, self._micro_batch(index, rows))))
         width = tokens.shape[1] if index is None else np.shape(index)[1]
         return _gather_rows(parts, tokens.shape[0], width)
 
     # ------------------------------------------------------------------ placement
+    def _micro_batch(self, a: np.ndarray | None, rows: np.ndarray,
+                     length: int | None = None) -> jax.Array | None:
+        """Rows ``rows`` of host array ``a`` (its first ``length`` columns), placed as one
+        ``[1, len(rows), ...]`` micro-batch; None stays None."""
+        if a is None:
+            return None
+        a = np.asarray(a)[rows]
+        return self._put(a if length is None else a[:, :length], 1)
+
     def _put(self, a: np.ndarray | jax.Array, m: int) -> jax.Array:
         """``[N, ...]`` -> ``[M, N/M, ...]`` with the row axis sharded over the batch axes."""
         a = jnp.asarray(a).reshape(m, a.shape[0] // m, *a.shape[1:])
