@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ from jax_routeweaver.sampling.base import (
 from jax_routeweaver.sampling.jax_sampler import (
     JaxSampler,
     left_pad,
+    length_groups,
     new_token_bucket,
     pick_bucket,
     sample_logits,
@@ -257,7 +259,7 @@ def test_sample_logits_distribution():
 
     def freqs(top_k, top_p, temperature=1.0):
         draw = jax.vmap(lambda key: sample_logits(
-            logits, key, jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
+            logits, key[None], jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
             greedy=False, truncate=True)[0][0])
         return np.bincount(np.asarray(draw(keys)), minlength=5) / len(keys)
 
@@ -268,7 +270,7 @@ def test_sample_logits_distribution():
                                atol=0.03)
     # top-p applies to the distribution renormalised after top-k: 5/7 >= 0.7 keeps one.
     np.testing.assert_allclose(freqs(2, 0.7), [1, 0, 0, 0, 0], atol=0)
-    tokens, logps = sample_logits(logits, keys[0], jnp.float32(2.0), jnp.int32(1),
+    tokens, logps = sample_logits(logits, keys[:1], jnp.float32(2.0), jnp.int32(1),
                                   jnp.float32(1.0), greedy=False, truncate=True)
     want = jax.nn.log_softmax(logits / 2.0)[0, 0]  # before truncation, after temperature
     assert int(tokens[0]) == 0 and abs(float(logps[0]) - float(want)) < 1e-6
@@ -303,6 +305,66 @@ def test_buckets():
     assert mask.tolist() == [[0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 1]]
     assert pos.tolist() == [[0, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0]]
     assert lens.tolist() == [2, 1, 1]
+
+
+def brute_force_cut(lengths, prompt_buckets, batch_buckets, group_cost):
+    """The cheapest cut by trying every one (2^(n-1) of them)."""
+    n, best = len(lengths), None
+    for mask in range(2 ** (n - 1)):
+        ends = [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+        sizes = [e - s for s, e in itertools.pairwise([0, *ends])]
+        if max(sizes) > max(batch_buckets):
+            continue
+        cost = sum(pick_bucket(e - s, batch_buckets) * pick_bucket(lengths[e - 1], prompt_buckets)
+                   + group_cost for s, e in itertools.pairwise([0, *ends]))
+        best = min(best or (cost, ends), (cost, ends))
+    return best
+
+
+def test_length_groups_cut_where_padding_pays():
+    buckets, batch = (32, 64, 128, 256, 512), (1, 2, 4, 8, 16)
+    # Like lengths: one group. Four short rows next to four long ones: two groups, since the
+    # short rows padded to 512 would cost 4 x 480 tokens more than a group.
+    assert length_groups([100, 110, 120, 125], buckets, batch, 256) == [4]
+    assert length_groups([30] * 4 + [500] * 4, buckets, batch, 256) == [4, 8]
+    assert length_groups([30] * 4 + [500] * 4, buckets, batch, 10**6) == [8]
+    # Five rows would pad to a batch of 8: four plus one is cheaper when groups are free.
+    sizes = lambda ends: sorted(e - s for s, e in itertools.pairwise([0, *ends]))
+    assert sizes(length_groups([30] * 5, buckets, batch, 0)) == [1, 4]
+    # No group beyond the largest batch bucket (equal rows: any order of 16 + 16 + 8).
+    assert sizes(length_groups([30] * 40, buckets, batch, 10**6)) == [8, 16, 16]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 11))
+        lengths = sorted(rng.integers(1, 600, n).tolist())
+        cost = int(rng.choice([0, 64, 1024, 8192]))
+        batch = (1, 2, 4) if rng.random() < 0.5 else (2, 4, 8)
+        ends = length_groups(lengths, buckets, batch, cost)
+        got = sum(pick_bucket(e - s, batch) * pick_bucket(lengths[e - 1], buckets) + cost
+                  for s, e in itertools.pairwise([0, *ends]))
+        assert got == brute_force_cut(lengths, buckets, batch, cost)[0], (lengths, cost, batch)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_cutting_a_call_into_groups_keeps_every_rows_tokens(jax_model, greedy):
+    """Rows sample from their own streams: one padded group, a group per row and the default
+    cut give the same tokens and logprobs (to float noise) for prompts of mixed lengths."""
+    prompts = [[3 + i % 50] * n for i, n in enumerate((40, 2, 9, 70, 5, 33, 1, 64))]
+    params = SamplingParams(greedy=greedy, temperature=1.0, max_new_tokens=MAX_NEW, seed=5)
+    runs = {}
+    for name, cost in (("one", None), ("rows", 0), ("default", 64)):
+        s = JaxSampler(jax_model, prompt_buckets=(8, 16, 32, 64, 128), group_cost=cost)
+        runs[name] = (s.generate(prompts, params), s.trace_count)
+    # Prefill + decode traces: one of each for the single group, and for 0: one per shape.
+    assert runs["one"][1] == 2 and runs["rows"][1] > 4
+    want = runs["one"][0]
+    for name in ("rows", "default"):
+        got = runs[name][0]
+        assert [c.token_ids for c in got] == [c.token_ids for c in want], name
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
+    if not greedy:  # the streams do differ between rows
+        assert len({tuple(c.token_ids) for c in want}) == len(prompts)
 
 
 def test_no_recompile_within_a_bucket(jax_model):

@@ -3,13 +3,15 @@
 Bucketing (so similar calls reuse compiled code): a group of prompts is left-padded to the
 smallest `prompt_buckets` entry (empty: `DEFAULT_PROMPT_BUCKETS`) >= its longest prompt (P) and
 to the smallest `batch_buckets` entry >= its size (B; filler rows are one-token dummies, done
-from the start, whose output is dropped). The KV cache has P + N slots, N =
-`new_token_bucket(max_new_tokens)` (a power of two, at least 16). Compiled code depends only on
-(B, P, N, greedy, truncated sampling) and the weights' shapes/shardings; temperature, top-k,
-top-p, max_new_tokens, stop tokens (padded to a power-of-two count) and the RNG key are runtime
-values. More prompts than the largest batch bucket are processed in groups; a prompt longer
-than the largest prompt bucket pads to a multiple of it. On a mesh only batch buckets divisible
-by the batch shards are used.
+from the start, whose output is dropped). A call's prompts are sorted by length and cut into
+such groups where the padding saved pays for one more group (`length_groups`). The KV cache
+has P + N slots, N = `new_token_bucket(max_new_tokens)` (a power of two, at least 16).
+Compiled code depends only on (B, P, N, greedy, truncated sampling) and the weights'
+shapes/shardings; temperature, top-k, top-p, max_new_tokens, stop tokens (padded to a
+power-of-two count) and the RNG key are runtime values. A prompt longer than the largest
+prompt bucket pads to a multiple of it. On a mesh only batch buckets divisible by the batch
+shards are used. Every row samples from its own stream (the call's key folded with the row's
+index in the call), so its tokens depend neither on the other rows nor on the cut.
 
 Prefix reuse (`prefix_cache_mb` > 0): every group's final KV cache is kept (`PrefixStore`,
 newest first within the budget, dropped when the weights change), so a later prompt that
@@ -33,6 +35,7 @@ Both give the same masks, so the same tokens.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -73,6 +76,9 @@ from jax_routeweaver.sampling.prefix_cache import Match, PrefixStore
 DEFAULT_PROMPT_BUCKETS = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_NEW_TOKEN_BUCKET = 16
+# What one more group of a `generate` call costs, in padded prompt tokens: its own prefill and
+# decode dispatches and, the first time, compiles.
+GROUP_COST = 2048
 
 FlatParams = dict[tuple[Any, ...], jax.Array]
 
@@ -100,7 +106,9 @@ class SampleArgs(NamedTuple):
     top_p: jax.Array        # [] fp32 in (0, 1]
     max_new: jax.Array      # [] int32
     stop_ids: jax.Array     # [S] int32, padded with -1
-    key: jax.Array          # PRNG key; step t uses fold_in(key, t)
+    key: jax.Array          # PRNG key of the call
+    rows: jax.Array         # [B] int32: each row's index in the call; row r's draw at step t
+                            # uses fold_in(fold_in(key, r), t), whatever its group or slot
     allowed: jax.Array      # [B, W] int32 grammar bitmask ([1, 1] dummy unless "mask")
     choice_token: jax.Array  # [S, C] int32 `ChoiceTables.token` ([1, 1] dummy unless "choice")
     choice_child: jax.Array  # [S, C] int32 `ChoiceTables.child`
@@ -120,6 +128,30 @@ def pick_bucket(n: int, buckets: Sequence[int]) -> int:
         if b >= n:
             return b
     return -(-n // buckets[-1]) * buckets[-1]
+
+
+def length_groups(lengths: Sequence[int], prompt_buckets: Sequence[int],
+                  batch_buckets: Sequence[int], group_cost: int = GROUP_COST) -> list[int]:
+    """Cut rows sorted by length (`lengths` ascending) into consecutive groups: the ends of the
+    groups (the last is `len(lengths)`).
+
+    The cut minimises sum over groups of B x P + `group_cost`, B and P the group's batch and
+    prompt buckets (its padded tokens, filler rows included); no group exceeds the largest
+    batch bucket. Dynamic programming over the cut points, O(n x largest batch bucket).
+    """
+    n, largest = len(lengths), max(batch_buckets)
+    best = [0] + [math.inf] * n  # best[j]: cheapest cut of the first j rows
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        length = pick_bucket(lengths[j - 1], prompt_buckets)
+        for i in range(max(0, j - largest), j):
+            cost = best[i] + pick_bucket(j - i, batch_buckets) * length + group_cost
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    ends = [n]
+    while start[ends[-1]] > 0:
+        ends.append(start[ends[-1]])
+    return ends[::-1]
 
 
 def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int,
@@ -144,10 +176,11 @@ def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int,
 TOP_P_BISECTIONS = 32
 
 
-def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array,
+def sample_logits(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
                   top_p: jax.Array, *, greedy: bool, truncate: bool | str,
                   allowed: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """logits `[B, V]` -> (tokens `[B]` int32, logprobs `[B]` fp32).
+    """logits `[B, V]`, one PRNG key per row `keys` `[B]` -> (tokens `[B]` int32, logprobs
+    `[B]` fp32). A row's draw depends only on its logits and its key, not on the other rows.
 
     `allowed` `[B, V]` bool (grammar constraints) first removes disallowed tokens. greedy:
     argmax, logprob under temperature 1. Otherwise sample from softmax(logits / T), restricted
@@ -169,19 +202,24 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     scaled = kept / temperature
     mode = {True: "top_k", False: "none"}.get(truncate, truncate)  # type: ignore[call-overload]
     if mode == "top_k":
-        tokens = _truncated_sample(scaled, key, top_k, top_p)
+        tokens = _truncated_sample(scaled, keys, top_k, top_p)
     elif mode == "top_p":
-        tokens = _top_p_sample(scaled, key, top_p)
+        tokens = _top_p_sample(scaled, keys, top_p)
     else:
-        tokens = jax.random.categorical(key, scaled, axis=-1)
+        tokens = _categorical(keys, scaled)
     return tokens.astype(jnp.int32), _take(logp, tokens)
+
+
+def _categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw per row `[B]` from logits `[B, V]`, row b with `keys[b]`."""
+    return jax.vmap(jax.random.categorical)(keys, logits)
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
 
 
-def _top_p_sample(scaled: jax.Array, key: jax.Array, top_p: jax.Array) -> jax.Array:
+def _top_p_sample(scaled: jax.Array, keys: jax.Array, top_p: jax.Array) -> jax.Array:
     """Nucleus sampling without a sort: keep tokens with p >= tau, tau the largest threshold
     whose kept mass still reaches top_p (the probability of the token that crosses top_p in
     the sorted order, so the same set up to ties within max(p) * 2^-32)."""
@@ -198,10 +236,10 @@ def _top_p_sample(scaled: jax.Array, key: jax.Array, top_p: jax.Array) -> jax.Ar
     lo, hi = jax.lax.fori_loop(0, TOP_P_BISECTIONS, halve, (jnp.zeros_like(top), top))
     tau = jnp.where(mass(hi) >= top_p, hi, lo)
     keep = (top_p >= 1) | (probs >= tau[:, None])
-    return jax.random.categorical(key, jnp.where(keep, scaled, -jnp.inf), axis=-1)
+    return _categorical(keys, jnp.where(keep, scaled, -jnp.inf))
 
 
-def _truncated_sample(scaled: jax.Array, key: jax.Array, top_k: jax.Array,
+def _truncated_sample(scaled: jax.Array, keys: jax.Array, top_k: jax.Array,
                       top_p: jax.Array) -> jax.Array:
     # Sort descending once and sample a rank: top-k and top-p are both prefixes of that order.
     # argsort is stable, so equal logits keep the lower id first, like argmax.
@@ -214,7 +252,7 @@ def _truncated_sample(scaled: jax.Array, key: jax.Array, top_k: jax.Array,
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     # top_p == 1 keeps everything even if rounding makes the cumulative sum reach 1 early.
     keep &= (top_p >= 1) | (mass_before < top_p)
-    picked = jax.random.categorical(key, jnp.where(keep, vals, -jnp.inf), axis=-1)
+    picked = _categorical(keys, jnp.where(keep, vals, -jnp.inf))
     return _take(order, picked)
 
 
@@ -232,7 +270,8 @@ class JaxSampler:
     `prefix_cache_mb`: memory for reusing earlier calls' KV caches (see the module docstring;
     0 turns it off; `prefix_store.hits` / `.reused` count prompts and tokens reused).
     `device_choices=False` decodes choice grammars with the host matchers too (one round trip
-    per token; same tokens, slower).
+    per token; same tokens, slower). `group_cost`: the padded prompt tokens one more group is
+    worth (`length_groups`); None runs each call in groups of the largest batch bucket.
 
     `trace_count` counts traces of the compiled functions (each one a compile): tests and logs
     use it to check that calls within a bucket reuse compiled code.
@@ -245,7 +284,8 @@ class JaxSampler:
                  cache_dtype: str | None = None, policy_version: int = 0,
                  stop_check_interval: int = 32,
                  constraints: GrammarConstraints | None = None,
-                 prefix_cache_mb: float = 0.0, device_choices: bool = True):
+                 prefix_cache_mb: float = 0.0, device_choices: bool = True,
+                 group_cost: int | None = GROUP_COST):
         self.config = model.config
         if not 0 <= pad_id < self.config.vocab_size:
             raise ValueError(f"pad_id={pad_id} outside the vocabulary [0, "
@@ -263,6 +303,9 @@ class JaxSampler:
         self._cache_dtype = cache_dtype
         self._stop_check_interval = stop_check_interval
         self._device_choices = device_choices
+        if group_cost is not None and group_cost < 0:
+            raise ValueError(f"group_cost={group_cost} must be >= 0 (or None: no cuts)")
+        self._group_cost = group_cost
         self._prompt_buckets = _check_buckets("prompt_buckets",
                                               prompt_buckets or DEFAULT_PROMPT_BUCKETS)
         self._batch_buckets = self._usable_batch_buckets(_check_buckets("batch_buckets",
@@ -340,23 +383,31 @@ class JaxSampler:
         # jax seeds are 32-bit without x64: fold the high bits in so big seeds stay distinct.
         key = jax.random.fold_in(jax.random.key(seed % 2**32), (seed >> 32) % 2**32)
         version = self._version
-        # Similar lengths together: less padding per group.
+        # Similar lengths together, cut where that saves padding (`length_groups`).
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        size = self._batch_buckets[-1]
+        lengths = [len(prompts[i]) for i in order]
+        if self._group_cost is None:
+            ends = list(range(self._batch_buckets[-1], len(order), self._batch_buckets[-1]))
+            ends.append(len(order))
+        else:
+            ends = length_groups(lengths, self._prompt_buckets, self._batch_buckets,
+                                 self._group_cost)
         out: list[Completion | None] = [None] * len(prompts)
-        for g, start in enumerate(range(0, len(order), size)):
-            idx = order[start:start + size]
+        for start, end in itertools.pairwise([0, *ends]):
+            idx = order[start:end]
             group_grammars = None if grammars is None else [grammars[i] for i in idx]
-            group = self._generate_group([prompts[i] for i in idx], params,
-                                         jax.random.fold_in(key, g), version, group_grammars)
+            group = self._generate_group([prompts[i] for i in idx], idx, params, key, version,
+                                         group_grammars)
             for i, completion in zip(idx, group, strict=True):
                 out[i] = completion
         return out  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ host side
-    def _generate_group(self, prompts: list[list[int]], params: SamplingParams,
-                        key: jax.Array, version: int,
+    def _generate_group(self, prompts: list[list[int]], rows: list[int],
+                        params: SamplingParams, key: jax.Array, version: int,
                         grammars: list[Grammar | None] | None) -> list[Completion]:
+        """Prompts `rows` (indices in the call, which pick their sampling streams) as one
+        padded batch: prefill, decode, completions in order."""
         n = len(prompts)
         batch = pick_bucket(n, self._batch_buckets)
         length = pick_bucket(max(map(len, prompts)), self._prompt_buckets)
@@ -367,7 +418,9 @@ class JaxSampler:
         if grammars is not None and any(g is not None for g in grammars):
             matchers = [None if g is None else self._constraints.matcher(g, params.stop_token_ids)
                         for g in grammars] + [None] * (batch - n)
-        state, ended, allowed = self._run_decode(state, params, key, n, matchers)
+        row_ids = np.zeros(batch, np.int32)  # filler rows draw nothing: done from the start
+        row_ids[:n] = rows
+        state, ended, allowed = self._run_decode(state, params, key, row_ids, n, matchers)
         host = jax.device_get((state.tokens, state.logprobs, state.lengths, state.stopped))
         if self.prefix_store.max_bytes:
             tokens_, _, lengths, _ = host
@@ -419,8 +472,8 @@ class JaxSampler:
                                 put(mask[:, head:]), put(positions[:, head:]), put(lens),
                                 put(real), new_bucket=new_bucket)
 
-    def _run_decode(self, state: DecodeState, params: SamplingParams, key: jax.Array, n: int,
-                    matchers: list | None
+    def _run_decode(self, state: DecodeState, params: SamplingParams, key: jax.Array,
+                    rows: np.ndarray, n: int, matchers: list | None
                     ) -> tuple[DecodeState, np.ndarray, list[list[int]]]:
         """Run the compiled loop to the end; with stop strings, in chunks with host checks;
         with grammars other than choices, one step at a time (the host matchers make each
@@ -428,7 +481,7 @@ class JaxSampler:
 
         Returns the final state, which rows ended because their grammar completed, and per
         row the number of tokens each step's mask allowed (empty lists when unconstrained)."""
-        args = self._sample_args(params, key)
+        args = self._sample_args(params, key)._replace(rows=self._put_batch(rows))
         greedy = params.is_greedy
         truncate = "none" if greedy else "top_k" if params.top_k_enabled \
             else "top_p" if params.top_p_enabled else "none"
@@ -545,7 +598,7 @@ class JaxSampler:
         table, flags = np.zeros((1, 1), np.int32), np.zeros((1,), bool)
         return SampleArgs(np.float32(temperature), np.int32(max(params.top_k, 0)),
                           np.float32(params.top_p), np.int32(params.max_new_tokens), stop_ids,
-                          key, table, table, table, flags, flags)
+                          key, np.zeros((1,), np.int32), table, table, table, flags, flags)
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         vocab = self.config.vocab_size
@@ -713,12 +766,14 @@ class JaxSampler:
         def cond(s: DecodeState) -> jax.Array:
             return (s.step < jnp.minimum(limit, args.max_new)) & ~jnp.all(s.done)
 
+        row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(args.key, args.rows)
+
         def body(s: DecodeState) -> DecodeState:
-            key = jax.random.fold_in(args.key, s.step)
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, s.step)
             mask = allowed
             if grammar == "choice":
                 mask, kids, at = choice_mask(s.node)
-            tok, lp = sample_logits(s.logits, key, args.temperature, args.top_k, args.top_p,
+            tok, lp = sample_logits(s.logits, keys, args.temperature, args.top_k, args.top_p,
                                     greedy=greedy, truncate=truncate, allowed=mask)
             active = ~s.done
             tok = jnp.where(active, tok, pad)
