@@ -140,12 +140,13 @@ def length_groups(lengths: Sequence[int], prompt_buckets: Sequence[int],
     batch bucket. Dynamic programming over the cut points, O(n x largest batch bucket).
     """
     n, largest = len(lengths), max(batch_buckets)
+    batch_of = [pick_bucket(k, batch_buckets) for k in range(min(n, largest) + 1)]
     best = [0] + [math.inf] * n  # best[j]: cheapest cut of the first j rows
     start = [0] * (n + 1)
     for j in range(1, n + 1):
         length = pick_bucket(lengths[j - 1], prompt_buckets)
         for i in range(max(0, j - largest), j):
-            cost = best[i] + pick_bucket(j - i, batch_buckets) * length + group_cost
+            cost = best[i] + batch_of[j - i] * length + group_cost
             if cost < best[j]:
                 best[j], start[j] = cost, i
     ends = [n]
@@ -481,7 +482,7 @@ class JaxSampler:
 
         Returns the final state, which rows ended because their grammar completed, and per
         row the number of tokens each step's mask allowed (empty lists when unconstrained)."""
-        args = self._sample_args(params, key)._replace(rows=self._put_batch(rows))
+        args = self._sample_args(params, key, rows)
         greedy = params.is_greedy
         truncate = "none" if greedy else "top_k" if params.top_k_enabled \
             else "top_p" if params.top_p_enabled else "none"
@@ -589,7 +590,8 @@ class JaxSampler:
             completion = apply_stop_strings(completion, self._decode_text, params.stop_strings)
         return completion
 
-    def _sample_args(self, params: SamplingParams, key: jax.Array) -> SampleArgs:
+    def _sample_args(self, params: SamplingParams, key: jax.Array,
+                     rows: np.ndarray) -> SampleArgs:
         stops = sorted(set(params.stop_token_ids))
         # A power-of-two count (>= 1), padded with -1, so the stop list rarely retraces.
         stop_ids = np.full((1 << max(len(stops) - 1, 0).bit_length(),), -1, np.int32)
@@ -598,7 +600,7 @@ class JaxSampler:
         table, flags = np.zeros((1, 1), np.int32), np.zeros((1,), bool)
         return SampleArgs(np.float32(temperature), np.int32(max(params.top_k, 0)),
                           np.float32(params.top_p), np.int32(params.max_new_tokens), stop_ids,
-                          key, np.zeros((1,), np.int32), table, table, table, flags, flags)
+                          key, self._put_batch(rows), table, table, table, flags, flags)
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         vocab = self.config.vocab_size
