@@ -307,7 +307,8 @@ def test_buckets():
     assert lens.tolist() == [2, 1, 1]
 
 
-def brute_force_cut(lengths, prompt_buckets, batch_buckets, group_cost):
+def brute_force_cut(lengths, prompt_buckets, batch_buckets, group_cost, compiled=frozenset(),
+                    new_shape_cost=0):
     """The cheapest cut by trying every one (2^(n-1) of them)."""
     n, best = len(lengths), None
     for mask in range(2 ** (n - 1)):
@@ -315,8 +316,10 @@ def brute_force_cut(lengths, prompt_buckets, batch_buckets, group_cost):
         sizes = [e - s for s, e in itertools.pairwise([0, *ends])]
         if max(sizes) > max(batch_buckets):
             continue
-        cost = sum(pick_bucket(e - s, batch_buckets) * pick_bucket(lengths[e - 1], prompt_buckets)
-                   + group_cost for s, e in itertools.pairwise([0, *ends]))
+        cost = 0
+        for s, e in itertools.pairwise([0, *ends]):
+            shape = (pick_bucket(e - s, batch_buckets), pick_bucket(lengths[e - 1], prompt_buckets))
+            cost += shape[0] * shape[1] + group_cost + (shape not in compiled) * new_shape_cost
         best = min(best or (cost, ends), (cost, ends))
     return best
 
@@ -339,10 +342,17 @@ def test_length_groups_cut_where_padding_pays():
         lengths = sorted(rng.integers(1, 600, n).tolist())
         cost = int(rng.choice([0, 64, 1024, 8192]))
         batch = (1, 2, 4) if rng.random() < 0.5 else (2, 4, 8)
-        ends = length_groups(lengths, buckets, batch, cost)
-        got = sum(pick_bucket(e - s, batch) * pick_bucket(lengths[e - 1], buckets) + cost
-                  for s, e in itertools.pairwise([0, *ends]))
-        assert got == brute_force_cut(lengths, buckets, batch, cost)[0], (lengths, cost, batch)
+        # Some shapes already compiled, a price on the others.
+        shapes = [(b, p) for b in batch for p in buckets]
+        compiled = {shapes[k] for k in rng.choice(len(shapes), int(rng.integers(0, 6)))}
+        new_cost = int(rng.choice([0, 0, 500, 20000]))
+        ends = length_groups(lengths, buckets, batch, cost, compiled, new_cost)
+        got = 0
+        for s, e in itertools.pairwise([0, *ends]):
+            shape = (pick_bucket(e - s, batch), pick_bucket(lengths[e - 1], buckets))
+            got += shape[0] * shape[1] + cost + (shape not in compiled) * new_cost
+        want = brute_force_cut(lengths, buckets, batch, cost, compiled, new_cost)[0]
+        assert got == want, (lengths, cost, batch, compiled, new_cost)
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -352,8 +362,9 @@ def test_cutting_a_call_into_groups_keeps_every_rows_tokens(jax_model, greedy):
     prompts = [[3 + i % 50] * n for i, n in enumerate((40, 2, 9, 70, 5, 33, 1, 64))]
     params = SamplingParams(greedy=greedy, temperature=1.0, max_new_tokens=MAX_NEW, seed=5)
     runs = {}
-    for name, cost in (("one", None), ("rows", 0), ("default", 64)):
-        s = JaxSampler(jax_model, prompt_buckets=(8, 16, 32, 64, 128), group_cost=cost)
+    for name, cost, new_shape in (("one", None, 0), ("rows", 0, 0), ("default", 64, 16384)):
+        s = JaxSampler(jax_model, prompt_buckets=(8, 16, 32, 64, 128), group_cost=cost,
+                       new_shape_cost=new_shape)
         runs[name] = (s.generate(prompts, params), s.trace_count)
     # Prefill + decode traces: one of each for the single group, and for 0: one per shape.
     assert runs["one"][1] == 2 and runs["rows"][1] > 4
@@ -365,6 +376,26 @@ def test_cutting_a_call_into_groups_keeps_every_rows_tokens(jax_model, greedy):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
     if not greedy:  # the streams do differ between rows
         assert len({tuple(c.token_ids) for c in want}) == len(prompts)
+
+
+def test_calls_settle_on_compiled_shapes(jax_model):
+    """A cut that needs new shapes pays their compiles: after 8 rows of 70 tokens ran as one
+    (8, 128) group, 4 short + 4 long rows reuse it unless compiles are free, and the tokens are
+    the same either way."""
+    prompts = [[3 + i] * (5 if i < 4 else 70) for i in range(8)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=3)
+    out = {}
+    for new_shape_cost in (0, 10**6):
+        s = JaxSampler(jax_model, prompt_buckets=(8, 16, 32, 64, 128), group_cost=0,
+                       new_shape_cost=new_shape_cost)
+        s.generate([[7] * 70] * 8, params)
+        traced = s.trace_count
+        out[new_shape_cost] = s.generate(prompts, params)
+        # Free compiles: (4, 8) + (4, 128), two new shapes of two programs each.
+        assert s.trace_count - traced == (4 if new_shape_cost == 0 else 0)
+    for a, b in zip(out[0], out[10**6], strict=True):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
 
 
 def test_no_recompile_within_a_bucket(jax_model):

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from jax_routeweaver.rewards import sandbox
 from jax_routeweaver.rewards.sandbox import Sandbox
 from jax_routeweaver.rewards.scorers import code
 from jax_routeweaver.rewards.scorers.registry import score
@@ -100,6 +101,27 @@ def test_fork_bomb_bypassing_the_guard(sb):
         time.sleep(0.02)
     assert _live_processes(int(uid_line)) == []  # every fork is gone, setsid or not
     assert _process_count() <= before + 5
+
+
+@pytest.mark.parametrize("killer", ["setpriv", "interpreter"])
+def test_kill_uid_kills_the_uid_only(sb, monkeypatch, killer):
+    """What runs after every job: every process of the job's uid dies, others' live on."""
+    needs(sb, "uid_drop")
+    if killer == "interpreter":  # a host without util-linux's setpriv
+        monkeypatch.setattr(sandbox.shutil, "which", lambda name, path=None: None)
+    elif sandbox.shutil.which("setpriv", path=sandbox._CHILD_PATH) is None:
+        pytest.skip("no setpriv on this host")
+    uid, other = (sandbox._fresh_uid(*sandbox._uid_range()) for _ in range(2))
+    procs = [subprocess.Popen(["sleep", "60"], user=u, group=u, extra_groups=[],
+                              start_new_session=True) for u in (uid, uid, other)]
+    try:
+        sandbox._kill_uid(uid)
+        assert [p.wait(timeout=5) for p in procs[:2]] == [-9, -9]
+        assert procs[2].poll() is None  # another uid's process is untouched
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 # ------------------------------------------------------------------------------ time, memory
@@ -237,7 +259,8 @@ def test_write_outside_bypassing_the_guard(sb, victim, tmp_path):
 # ------------------------------------------------------------------------------ parent process
 _PARENT = textwrap.dedent("""
     import hashlib, json, os, sys
-    from jax_routeweaver.rewards.sandbox import Sandbox
+    from jax_routeweaver.rewards import sandbox
+from jax_routeweaver.rewards.sandbox import Sandbox
     box = Sandbox(1)
     r = box.run(sys.argv[1], timeout_s=5)
     key = os.environ.get("OPENROUTER_API_KEY", "").encode()

@@ -4,7 +4,8 @@ Bucketing (so similar calls reuse compiled code): a group of prompts is left-pad
 smallest `prompt_buckets` entry (empty: `DEFAULT_PROMPT_BUCKETS`) >= its longest prompt (P) and
 to the smallest `batch_buckets` entry >= its size (B; filler rows are one-token dummies, done
 from the start, whose output is dropped). A call's prompts are sorted by length and cut into
-such groups where the padding saved pays for one more group (`length_groups`). The KV cache
+such groups where the padding saved pays for one more group, or for a shape this sampler has
+not compiled yet (`length_groups`). The KV cache
 has P + N slots, N = `new_token_bucket(max_new_tokens)` (a power of two, at least 16).
 Compiled code depends only on (B, P, N, greedy, truncated sampling) and the weights'
 shapes/shardings; temperature, top-k, top-p, max_new_tokens, stop tokens (padded to a
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import Any, NamedTuple
 
 import jax
@@ -77,8 +78,14 @@ DEFAULT_PROMPT_BUCKETS = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 307
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_NEW_TOKEN_BUCKET = 16
 # What one more group of a `generate` call costs, in padded prompt tokens: its own prefill and
-# decode dispatches and, the first time, compiles.
+# decode dispatches.
 GROUP_COST = 2048
+# What a group of a (batch, prompt) bucket pair not compiled yet costs on top: its prefill and
+# decode compiles (~2.4 s for the quickstart's router on 2 cores, about 100k padded tokens of
+# prefill). Less than that, since a shape compiled now is reused later: replaying a
+# quickstart run's 422 calls, any value from 16k on kept 22 shapes instead of 49, for 54 s of
+# compiles instead of 119 s and 14 s more execution (bench/RESULTS.md).
+NEW_SHAPE_COST = 16384
 
 FlatParams = dict[tuple[Any, ...], jax.Array]
 
@@ -131,13 +138,16 @@ def pick_bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 def length_groups(lengths: Sequence[int], prompt_buckets: Sequence[int],
-                  batch_buckets: Sequence[int], group_cost: int = GROUP_COST) -> list[int]:
+                  batch_buckets: Sequence[int], group_cost: int = GROUP_COST,
+                  compiled: Set[tuple[int, int]] = frozenset(), new_shape_cost: int = 0
+                  ) -> list[int]:
     """Cut rows sorted by length (`lengths` ascending) into consecutive groups: the ends of the
     groups (the last is `len(lengths)`).
 
-    The cut minimises sum over groups of B x P + `group_cost`, B and P the group's batch and
-    prompt buckets (its padded tokens, filler rows included); no group exceeds the largest
-    batch bucket. Dynamic programming over the cut points, O(n x largest batch bucket).
+    The cut minimises sum over groups of B x P + `group_cost` (+ `new_shape_cost` when (B, P)
+    is not in `compiled`), B and P the group's batch and prompt buckets (B x P: its padded
+    tokens, filler rows included); no group exceeds the largest batch bucket. Dynamic
+    programming over the cut points, O(n x largest batch bucket).
     """
     n, largest = len(lengths), max(batch_buckets)
     batch_of = [pick_bucket(k, batch_buckets) for k in range(min(n, largest) + 1)]
@@ -146,7 +156,10 @@ def length_groups(lengths: Sequence[int], prompt_buckets: Sequence[int],
     for j in range(1, n + 1):
         length = pick_bucket(lengths[j - 1], prompt_buckets)
         for i in range(max(0, j - largest), j):
-            cost = best[i] + batch_of[j - i] * length + group_cost
+            batch = batch_of[j - i]
+            cost = best[i] + batch * length + group_cost
+            if (batch, length) not in compiled:
+                cost += new_shape_cost
             if cost < best[j]:
                 best[j], start[j] = cost, i
     ends = [n]
@@ -273,6 +286,8 @@ class JaxSampler:
     `device_choices=False` decodes choice grammars with the host matchers too (one round trip
     per token; same tokens, slower). `group_cost`: the padded prompt tokens one more group is
     worth (`length_groups`); None runs each call in groups of the largest batch bucket.
+    `new_shape_cost`: what a group of a (batch, prompt) bucket pair this sampler has not run
+    yet costs on top (its compiles), so calls settle on shapes already compiled.
 
     `trace_count` counts traces of the compiled functions (each one a compile): tests and logs
     use it to check that calls within a bucket reuse compiled code.
@@ -286,7 +301,8 @@ class JaxSampler:
                  stop_check_interval: int = 32,
                  constraints: GrammarConstraints | None = None,
                  prefix_cache_mb: float = 0.0, device_choices: bool = True,
-                 group_cost: int | None = GROUP_COST):
+                 group_cost: int | None = GROUP_COST,
+                 new_shape_cost: int = NEW_SHAPE_COST):
         self.config = model.config
         if not 0 <= pad_id < self.config.vocab_size:
             raise ValueError(f"pad_id={pad_id} outside the vocabulary [0, "
@@ -306,7 +322,11 @@ class JaxSampler:
         self._device_choices = device_choices
         if group_cost is not None and group_cost < 0:
             raise ValueError(f"group_cost={group_cost} must be >= 0 (or None: no cuts)")
+        if new_shape_cost < 0:
+            raise ValueError(f"new_shape_cost={new_shape_cost} must be >= 0")
         self._group_cost = group_cost
+        self._new_shape_cost = new_shape_cost
+        self._shapes: set[tuple[int, int, int]] = set()  # (B, P, N) groups run so far
         self._prompt_buckets = _check_buckets("prompt_buckets",
                                               prompt_buckets or DEFAULT_PROMPT_BUCKETS)
         self._batch_buckets = self._usable_batch_buckets(_check_buckets("batch_buckets",
@@ -391,8 +411,10 @@ class JaxSampler:
             ends = list(range(self._batch_buckets[-1], len(order), self._batch_buckets[-1]))
             ends.append(len(order))
         else:
+            new_bucket = new_token_bucket(params.max_new_tokens)
+            compiled = {(b, p) for b, p, n in self._shapes if n == new_bucket}
             ends = length_groups(lengths, self._prompt_buckets, self._batch_buckets,
-                                 self._group_cost)
+                                 self._group_cost, compiled, self._new_shape_cost)
         out: list[Completion | None] = [None] * len(prompts)
         for start, end in itertools.pairwise([0, *ends]):
             idx = order[start:end]
@@ -414,6 +436,7 @@ class JaxSampler:
         length = pick_bucket(max(map(len, prompts)), self._prompt_buckets)
         arrays = left_pad(prompts, batch, length, self._pad_id)
         new_bucket = new_token_bucket(params.max_new_tokens)
+        self._shapes.add((batch, length, new_bucket))
         state = self._prefill_group(prompts, arrays, batch, length, new_bucket)
         matchers = None
         if grammars is not None and any(g is not None for g in grammars):
