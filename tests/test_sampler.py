@@ -398,6 +398,22 @@ def test_calls_settle_on_compiled_shapes(jax_model):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
 
 
+def test_shape_state_steers_a_fresh_samplers_cuts(jax_model):
+    """What a resumed run restores: with the shapes loaded, a fresh sampler cuts 4 short + 4
+    long rows into the two loaded shapes; without them, into one new shape (not two)."""
+    prompts = [[3 + i] * (5 if i < 4 else 70) for i in range(8)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=3)
+    n = new_token_bucket(MAX_NEW)
+    make = lambda: JaxSampler(jax_model, prompt_buckets=(8, 16, 32, 64, 128), group_cost=0,
+                              new_shape_cost=10**6)
+    loaded, fresh = make(), make()
+    loaded.load_shape_state([[4, 8, n], [4, 128, n]])
+    loaded.generate(prompts, params)
+    fresh.generate(prompts, params)
+    assert loaded.shape_state() == [[4, 8, n], [4, 128, n]]
+    assert fresh.shape_state() == [[8, 128, n]]
+
+
 def test_no_recompile_within_a_bucket(jax_model):
     s = JaxSampler(jax_model)
     s.generate([[1, 2, 3], [4] * 7, [5]], GREEDY)

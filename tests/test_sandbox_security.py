@@ -259,8 +259,7 @@ def test_write_outside_bypassing_the_guard(sb, victim, tmp_path):
 # ------------------------------------------------------------------------------ parent process
 _PARENT = textwrap.dedent("""
     import hashlib, json, os, sys
-    from jax_routeweaver.rewards import sandbox
-from jax_routeweaver.rewards.sandbox import Sandbox
+    from jax_routeweaver.rewards.sandbox import Sandbox
     box = Sandbox(1)
     r = box.run(sys.argv[1], timeout_s=5)
     key = os.environ.get("OPENROUTER_API_KEY", "").encode()

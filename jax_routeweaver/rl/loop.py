@@ -65,6 +65,7 @@ from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampl
 from jax_routeweaver.sampling.vllm_sidecar import SidecarError
 
 CONFIG_FILE = "config.yaml"
+SAMPLER_SHAPES_KEY = "sampler_shapes"  # full-state loop item: the JaxSampler's shapes run
 
 
 @dataclasses.dataclass
@@ -312,6 +313,8 @@ class _Run:
         self.policy_ckpt.delete_after(step)
         self.trainer.state = state
         self.iterator.set_state(loop["data"])
+        if isinstance(self.sampler, JaxSampler):  # absent in older checkpoints: none run
+            self.sampler.load_shape_state(loop.get(SAMPLER_SHAPES_KEY, []))
         if self.r1_scorer is not None:
             if r1run.WINDOW_KEY not in loop:
                 raise ValueError(f"{self.state_ckpt.dir / str(step)}: the saved loop state has "
@@ -322,9 +325,10 @@ class _Run:
         return True
 
     def start_from(self, state_dir: Path) -> None:
-        """Take another run's latest full state (params, optimizer, step N, RNG) and start
-        this run's data at batch N, as if it had trained those N batches (the reference's
-        main arm: resumed from the cold arm's step, on the train file's batches N...)."""
+        """Take another run's latest full state (params, optimizer, step N, RNG, the sampler's
+        shapes run) and start this run's data at batch N, as if it had trained those N batches
+        (the reference's main arm: resumed from the cold arm's step, on the train file's
+        batches N...)."""
         if self.state_ckpt.latest_step() is not None or self.policy_ckpt.latest_step() is not None:
             raise ValueError(f"checkpoint.init_from: {self.out} already has checkpoints; "
                              "init_from only starts a fresh run directory")
@@ -332,11 +336,13 @@ class _Run:
             if source.latest_step() is None:
                 raise FileNotFoundError(f"checkpoint.init_from: {state_dir} has no full "
                                         "train-state checkpoint")
-            state, _, step = source.restore(self.trainer.state)
+            state, loop, step = source.restore(self.trainer.state)
         if step >= self.cfg.steps:
             raise ValueError(f"checkpoint.init_from: {state_dir} is at step {step}, not "
                              f"before this run's steps={self.cfg.steps}")
         self.trainer.state = state
+        if isinstance(self.sampler, JaxSampler):  # cut the calls as the source run would
+            self.sampler.load_shape_state(loop.get(SAMPLER_SHAPES_KEY, []))
         for _ in range(step):  # the data position of a run that trained `step` batches
             next(self.iterator)
         self.step = step
@@ -428,6 +434,8 @@ class _Run:
         write_s = time.perf_counter() - t
         if step % cfg.checkpoint.full_every == 0 or step == cfg.steps:
             loop: dict[str, Any] = {"step": step, "data": self.iterator.get_state()}
+            if isinstance(self.sampler, JaxSampler):  # its cuts depend on the shapes it ran
+                loop[SAMPLER_SHAPES_KEY] = self.sampler.shape_state()
             if self.r1_scorer is not None:
                 loop[r1run.WINDOW_KEY] = self.r1_scorer.state_dict()
             self.state_ckpt.save(step, self.trainer.state, loop)

@@ -360,6 +360,16 @@ class JaxSampler:
         self._rng = np.random.default_rng(seed)
         self.prefix_store.clear()  # a resumed run starts from an empty store too
 
+    def shape_state(self) -> list[list[int]]:
+        """The (B, P, N) group shapes run so far, which steer the cuts (`length_groups`): a run
+        saves them with its full state, so that a resumed run cuts its calls as the
+        uninterrupted one did (the tokens never depend on the cut, its float noise does)."""
+        return [list(shape) for shape in sorted(self._shapes)]
+
+    def load_shape_state(self, shapes: Sequence[Sequence[int]]) -> None:
+        """Take `shape_state()`'s shapes as run (they compile on first use here)."""
+        self._shapes = {(int(b), int(p), int(n)) for b, p, n in shapes}
+
     def update_weights(self, weights: nnx.Module | nnx.State, version: int) -> None:
         """Replace the weights by those of `weights` (a same-architecture module, or the
         `nnx.State` of its parameters), copied into this sampler's layout; compiled code is
