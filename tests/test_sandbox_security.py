@@ -108,8 +108,8 @@ def test_kill_uid_kills_the_uid_only(sb, monkeypatch, killer):
     """What runs after every job: every process of the job's uid dies, others' live on."""
     needs(sb, "uid_drop")
     if killer == "interpreter":  # a host without util-linux's setpriv
-        monkeypatch.setattr(sandbox.shutil, "which", lambda name, path=None: None)
-    elif sandbox.shutil.which("setpriv", path=sandbox._CHILD_PATH) is None:
+        monkeypatch.setattr(sandbox, "_killer_tools", lambda: (None, None))
+    elif sandbox._killer_tools()[0] is None:
         pytest.skip("no setpriv on this host")
     uid, other = (sandbox._fresh_uid(*sandbox._uid_range()) for _ in range(2))
     procs = [subprocess.Popen(["sleep", "60"], user=u, group=u, extra_groups=[],

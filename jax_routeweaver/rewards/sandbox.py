@@ -616,16 +616,23 @@ def _kill_uid(uid: int) -> None:
     The killer drops to the uid itself (`setpriv`, or a bare interpreter without it) rather
     than through Popen's `user=`, which makes CPython fork instead of vfork: with the trainer's
     gigabytes mapped, that fork took ~175 ms per job against ~4 ms (bench/RESULTS.md)."""
-    setpriv = shutil.which("setpriv", path=_CHILD_PATH)
-    kill = shutil.which("kill", path=_CHILD_PATH)
-    if setpriv and kill:
-        argv = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
-                kill, "-9", "-1"]
-    else:
-        argv = [sys.executable, "-S", "-I", "-c", _KILL_AS_UID, str(uid)]
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(argv, env={"PATH": _CHILD_PATH}, stdin=subprocess.DEVNULL,
+        subprocess.run(_killer_argv(uid), env={"PATH": _CHILD_PATH}, stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, cwd="/")
+
+
+def _killer_argv(uid: int) -> list[str]:
+    setpriv, kill = _killer_tools()
+    if setpriv and kill:
+        return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+                kill, "-9", "-1"]
+    return [sys.executable, "-S", "-I", "-c", _KILL_AS_UID, str(uid)]
+
+
+@functools.cache
+def _killer_tools() -> tuple[str | None, str | None]:
+    """`setpriv` and `kill` on the children's PATH, looked up once (not on every job)."""
+    return shutil.which("setpriv", path=_CHILD_PATH), shutil.which("kill", path=_CHILD_PATH)
 
 
 # kill(-1) signals every process the caller may signal except itself: as the uid, its own.

@@ -313,8 +313,7 @@ class _Run:
         self.policy_ckpt.delete_after(step)
         self.trainer.state = state
         self.iterator.set_state(loop["data"])
-        if isinstance(self.sampler, JaxSampler):  # absent in older checkpoints: none run
-            self.sampler.load_shape_state(loop.get(SAMPLER_SHAPES_KEY, []))
+        self._load_sampler_shapes(loop)
         if self.r1_scorer is not None:
             if r1run.WINDOW_KEY not in loop:
                 raise ValueError(f"{self.state_ckpt.dir / str(step)}: the saved loop state has "
@@ -323,6 +322,12 @@ class _Run:
         self.step = step
         self.publish(step)
         return True
+
+    def _load_sampler_shapes(self, loop: dict[str, Any]) -> None:
+        """A saved loop item's JaxSampler shapes (absent in older checkpoints: none run), so
+        this run cuts its calls as the run that saved them would."""
+        if isinstance(self.sampler, JaxSampler):
+            self.sampler.load_shape_state(loop.get(SAMPLER_SHAPES_KEY, []))
 
     def start_from(self, state_dir: Path) -> None:
         """Take another run's latest full state (params, optimizer, step N, RNG, the sampler's
@@ -341,8 +346,7 @@ class _Run:
             raise ValueError(f"checkpoint.init_from: {state_dir} is at step {step}, not "
                              f"before this run's steps={self.cfg.steps}")
         self.trainer.state = state
-        if isinstance(self.sampler, JaxSampler):  # cut the calls as the source run would
-            self.sampler.load_shape_state(loop.get(SAMPLER_SHAPES_KEY, []))
+        self._load_sampler_shapes(loop)
         for _ in range(step):  # the data position of a run that trained `step` batches
             next(self.iterator)
         self.step = step

@@ -5,8 +5,8 @@ smallest `prompt_buckets` entry (empty: `DEFAULT_PROMPT_BUCKETS`) >= its longest
 to the smallest `batch_buckets` entry >= its size (B; filler rows are one-token dummies, done
 from the start, whose output is dropped). A call's prompts are sorted by length and cut into
 such groups where the padding saved pays for one more group, or for a shape this sampler has
-not compiled yet (`length_groups`). The KV cache
-has P + N slots, N = `new_token_bucket(max_new_tokens)` (a power of two, at least 16).
+not compiled yet (`length_groups`). The KV cache has P + N slots, N =
+`new_token_bucket(max_new_tokens)` (a power of two, at least 16).
 Compiled code depends only on (B, P, N, greedy, truncated sampling) and the weights'
 shapes/shardings; temperature, top-k, top-p, max_new_tokens, stop tokens (padded to a
 power-of-two count) and the RNG key are runtime values. A prompt longer than the largest
