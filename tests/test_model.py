@@ -265,3 +265,77 @@ def test_attention_block_size_changes_memory_not_values(block, self_attention):
     with pytest.raises(ConfigError, match="attention_block=0"):
         ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
                     num_heads=2, num_kv_heads=1, head_dim=4, attention_block=0)
+
+
+def gather_batch(vocab: int, seed: int = 0):
+    """Right-padded rows `[4, 24]` (lengths 24, 19, 13, 2) and 5 gathered positions per row
+    inside each row (repeats allowed)."""
+    rng = np.random.default_rng(seed)
+    lengths = (24, 19, 13, 2)
+    tokens = rng.integers(0, vocab, (4, 24))
+    mask = np.arange(24)[None] < np.asarray(lengths)[:, None]
+    positions = np.broadcast_to(np.arange(24), (4, 24))
+    gather = np.stack([rng.integers(0, n, 5) for n in lengths])
+    return [jnp.asarray(a) for a in (tokens, positions, mask, gather)]
+
+
+@pytest.mark.parametrize("runtime", [dict(), dict(scan_layers=False, remat="full"),
+                                     dict(attention_block=4, causal_parts=3)])
+def test_gathered_hidden_states_equal_the_full_pass(tiny_hf_dir, runtime):
+    """`gather`: the last layer run at the gathered positions only gives the full pass's
+    final hidden states there, and the same gradient of a loss on them (blocked queries,
+    unrolled layers and remat included)."""
+    from flax import nnx
+
+    model = load_hf(tiny_hf_dir, **runtime)
+    tokens, positions, mask, gather = gather_batch(model.config.vocab_size)
+    weight = jnp.asarray(np.random.default_rng(1).normal(
+        size=(*gather.shape, model.config.hidden_size)), jnp.float32)
+
+    def full(m):
+        h, _ = m.hidden_states(tokens, positions, mask)
+        return jnp.take_along_axis(h, gather[..., None], axis=1)
+
+    def gathered(m):
+        return m.hidden_states(tokens, positions, mask, gather=gather)[0]
+
+    a, b = full(model), gathered(model)
+    assert b.shape == (*gather.shape, model.config.hidden_size)
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    ga = nnx.grad(lambda m: (full(m) * weight).sum())(model)
+    gb = nnx.grad(lambda m: (gathered(m) * weight).sum())(model)
+    for (path, x), (_, y) in zip(nnx.to_flat_state(ga), nnx.to_flat_state(gb), strict=True):
+        # fp32 summation order differs: tolerance relative to the gradient's scale (~20)
+        scale = float(np.abs(x[...]).max())
+        np.testing.assert_allclose(y[...], x[...], rtol=1e-5, atol=1e-5 * scale,
+                                   err_msg=str(path))
+
+
+def test_gathered_hidden_states_with_layer_groups_fall_back(tmp_path):
+    """Grouped remat keeps its groups: the full pass, gathered after (same values)."""
+    make_hf_model(tmp_path, num_hidden_layers=4)
+    model = load_hf(tmp_path, remat="full", remat_groups=2)
+    tokens, positions, mask, gather = gather_batch(model.config.vocab_size)
+    h, _ = model.hidden_states(tokens, positions, mask)
+    g, _ = model.hidden_states(tokens, positions, mask, gather=gather)
+    np.testing.assert_allclose(g, jnp.take_along_axis(h, gather[..., None], axis=1),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("empty_cache", "block"), [(True, 512), (True, 5), (False, 5)])
+def test_gathered_prefill_fills_the_same_cache(tiny_hf_dir, empty_cache, block):
+    """A prefill that keeps only its last position (the sampler's) writes every layer's keys
+    and values as the full prefill does, and gives the same last-position logits."""
+    model = load_hf(tiny_hf_dir, attention_block=block, causal_parts=3)
+    tokens, positions, mask = (jnp.asarray(a) for a in padded_batch(model.config.vocab_size))
+    B, T = tokens.shape
+    caches, last = [], []
+    for gather in (None, jnp.full((B, 1), T - 1)):
+        cache = init_cache(model.config, batch=B, max_len=T + 8)
+        h, cache = model.hidden_states(tokens, positions, mask, cache, empty_cache=empty_cache,
+                                       gather=gather)
+        caches.append(cache)
+        last.append(model.logits(h[:, -1]))
+    np.testing.assert_allclose(last[1], last[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(caches[0], caches[1], strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-6)

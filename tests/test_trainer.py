@@ -333,9 +333,10 @@ def test_group_by_length_gives_the_same_gradient_and_update(layout):
     assert m_grouped["logprob/sampler_gap_max"] < 1e-5
     np.testing.assert_allclose(m_grouped["loss/total"], m_plain["loss/total"], rtol=1e-5)
     # Adam divides by |g|: where a gradient is ~0 its float noise moves a weight by up to
-    # lr, so the bound is a hundredth of lr (a wrong gradient moves weights by ~lr).
+    # lr (measured: a 5e-8 gradient, against 0.13 at most, moved a weight by 1.5e-4), so the
+    # bound is a twentieth of lr (a wrong gradient moves weights by ~lr).
     np.testing.assert_allclose(flat(grouped.state.params), flat(plain.state.params),
-                               rtol=0, atol=1e-4)
+                               rtol=0, atol=5e-4)
     assert grouped.step == plain.step == 1
 
 

@@ -116,7 +116,8 @@ class Qwen3(nnx.Module):
     def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                       cache: KVCache | None = None, *,
                       batch_sharding: jax.sharding.Sharding | None = None,
-                      empty_cache: bool = False) -> tuple[jax.Array, KVCache | None]:
+                      empty_cache: bool = False, gather: jax.Array | None = None
+                      ) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states `[B, T, D]` (compute dtype) and the updated cache.
 
         Without a cache, token i attends to tokens j <= i with attention_mask[j] = 1 (left or
@@ -127,6 +128,14 @@ class Qwen3(nnx.Module):
         `[B, T, D]` activations are constrained to it at every layer boundary (rows over the
         batch axes): with FSDP, weights and rows are split over the same mesh axis, and
         without the constraint XLA may gather the rows instead of the weights.
+
+        `gather [B, P]` (indices into T): only the hidden states at those positions,
+        `[B, P, D]`. The last layer then runs its queries, output projection and MLP at the P
+        positions alone, since the others reach it only through its keys and values (the same
+        values as the full pass, up to float summation order): for an RL row whose few
+        policy tokens follow long observations, or a prefill that samples from its last
+        position, that is a layer's worth of work less. With `remat_groups` > 1 (which
+        never divides both L and L - 1) the full pass runs and is gathered after.
         """
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
@@ -148,6 +157,8 @@ class Qwen3(nnx.Module):
         else:
             mask = AttentionMask(valid, start + jnp.arange(T), jnp.arange(cache.k.shape[2]))
 
+        L, groups = cfg.num_layers, cfg.remat_groups
+
         # The whole cache rides in the carry and each layer updates its slice in place, so a
         # decode step writes T new slots instead of rebuilding the [L, B, S, K, H] cache.
         def layer(carry: tuple, xs: tuple) -> tuple[tuple, None]:
@@ -157,11 +168,26 @@ class Qwen3(nnx.Module):
                                       self_attention=self_attention)
             return (constrain(x), ck, cv), None
 
+        def last_layer(carry: tuple, p: dict[str, jax.Array]) -> tuple:
+            x, ck, cv = carry
+            x, ck, cv = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start, L - 1,
+                                      self_attention=self_attention, gather=gather)
+            return constrain(x), ck, cv
+
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_REMAT[cfg.remat])
+            last_layer = jax.checkpoint(last_layer, policy=_REMAT[cfg.remat])
+        weights = self.layers.arrays()
         carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
-        carry = _run_layers(layer, carry, (self.layers.arrays(), jnp.arange(cfg.num_layers)),
-                            cfg.num_layers, cfg.remat_groups, cfg.scan_layers)
+        if gather is not None and groups == 1:
+            carry = _run_layers(layer, carry, (jax.tree.map(lambda a: a[:-1], weights),
+                                               jnp.arange(L - 1)), L - 1, 1, cfg.scan_layers)
+            carry = last_layer(carry, jax.tree.map(lambda a: a[-1], weights))
+        else:
+            carry = _run_layers(layer, carry, (weights, jnp.arange(L)), L, groups,
+                                cfg.scan_layers)
+            if gather is not None:
+                carry = (_take_rows(carry[0], gather), *carry[1:])
         x, ks, vs = carry
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         if cache is not None:
@@ -225,8 +251,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 class AttentionMask(NamedTuple):
     """Query t may attend key s iff ``kv_valid[b, s]`` and ``k_slot[s] <= q_slot[t]``
-    (causal over slots, padding from ``kv_valid``). kv_valid `[B, S]`, q_slot `[T]`,
-    k_slot `[S]`; kept factored so long sequences never hold a `[B, T, S]` mask."""
+    (causal over slots, padding from ``kv_valid``). kv_valid `[B, S]`, q_slot `[T]` (or
+    `[B, T]`: each row's queries at their own slots), k_slot `[S]`; kept factored so long
+    sequences never hold a `[B, T, S]` mask."""
 
     kv_valid: jax.Array
     q_slot: jax.Array
@@ -234,8 +261,18 @@ class AttentionMask(NamedTuple):
 
     def dense(self) -> jax.Array:
         """`[B, T, S]` bool."""
-        causal = self.k_slot[None, :] <= self.q_slot[:, None]
-        return self.kv_valid[:, None, :] & causal[None]
+        causal = self.k_slot <= self.q_slot[..., None]
+        return self.kv_valid[:, None, :] & (causal if causal.ndim == 3 else causal[None])
+
+    def at_queries(self, gather: jax.Array) -> AttentionMask:
+        """The mask of the queries at `gather [B, P]` (indices into T): q_slot `[B, P]`."""
+        return self._replace(q_slot=self.q_slot[gather])
+
+
+def _take_rows(x: jax.Array, gather: jax.Array) -> jax.Array:
+    """x `[B, T, ...]` at `gather [B, P]` -> `[B, P, ...]`."""
+    index = gather.reshape(*gather.shape, *([1] * (x.ndim - 2)))
+    return jnp.take_along_axis(x, index, axis=1)
 
 
 ATTENTION_BLOCK = 512
@@ -276,10 +313,12 @@ def _mapped_blocks(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     pad = (-T) % block
     qs = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
     # Padded queries get slot -1: they see no key, and are cut off below.
-    slots = jnp.pad(mask.q_slot, (0, pad), constant_values=-1)
+    slots = jnp.pad(mask.q_slot, [(0, 0)] * (mask.q_slot.ndim - 1) + [(0, pad)],
+                    constant_values=-1)
     n = (T + pad) // block
     qs = qs.reshape(q.shape[0], n, block, *q.shape[2:]).swapaxes(0, 1)
-    slots = slots.reshape(n, block)
+    slots = slots.reshape(*slots.shape[:-1], n, block)
+    slots = slots if slots.ndim == 2 else slots.swapaxes(0, 1)  # [n, (B,) block]
 
     @jax.checkpoint
     def one(q_blk: jax.Array, slot_blk: jax.Array) -> jax.Array:
@@ -322,24 +361,32 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
 def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array,
                   sin: jax.Array, mask: AttentionMask | jax.Array, cache_k: jax.Array | None,
                   cache_v: jax.Array | None, start: jax.Array | None, layer: jax.Array | int = 0,
-                  *, self_attention: bool = False
+                  *, self_attention: bool = False, gather: jax.Array | None = None
                   ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
     """One pre-norm block on x `[B, T, D]`; p holds one layer's weights (no `layers` axis).
 
     With a cache (all layers, `[L, B, S, K, H]`), k/v are written at `[layer, :, start:start+T]`
     and attention reads that layer's slots, unless `self_attention` (no cache, or a fresh
     one): then the T tokens attend among themselves under `mask`'s causal order.
+    `gather [B, P]`: keys and values at all T positions, everything else (queries, attention,
+    MLP) only at these; returns x `[B, P, D]` there (`mask` must be an `AttentionMask`).
     """
     dt = x.dtype
     eps = cfg.rms_norm_eps
     h = rms_norm(x, p["attn_norm"], eps)
-    q = jnp.einsum("btd,dnh->btnh", h, p["q_proj"].astype(dt))
     k = jnp.einsum("btd,dkh->btkh", h, p["k_proj"].astype(dt))
     v = jnp.einsum("btd,dkh->btkh", h, p["v_proj"].astype(dt))
+    if gather is not None:
+        h, x = _take_rows(h, gather), _take_rows(x, gather)
+        q_cos, q_sin = _take_rows(cos, gather), _take_rows(sin, gather)
+        mask = mask.at_queries(gather)
+    else:
+        q_cos, q_sin = cos, sin
+    q = jnp.einsum("btd,dnh->btnh", h, p["q_proj"].astype(dt))
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], eps)
         k = rms_norm(k, p["k_norm"], eps)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
     if cache_k is not None:
         at = (layer, 0, start, 0, 0)
         cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), at)
@@ -347,7 +394,8 @@ def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: 
         if not self_attention:
             k = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False).astype(dt)
             v = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False).astype(dt)
-    out = attention(q, k, v, mask, cfg.attention_block, self_attention=self_attention,
+    out = attention(q, k, v, mask, cfg.attention_block,
+                    self_attention=self_attention and gather is None,
                     causal_parts=cfg.causal_parts)
     x = x + jnp.einsum("btnh,nhd->btd", out, p["o_proj"].astype(dt))
     h = rms_norm(x, p["mlp_norm"], eps)
@@ -385,14 +433,14 @@ def gathered_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
     """Logprobs `[B, P]` of the tokens at `index [B, P]` (each >= 1): out[b, j] =
     log softmax(logits[b, index[b, j] - 1] / temperature)[tokens[b, index[b, j]]].
 
-    The head runs only at the gathered positions: an RL row's policy tokens are a small part
-    of its prompt + observations, and the `[*, V]` head dominates a small model's cost.
+    The head, and the last layer's queries and MLP (`Qwen3.hidden_states`' `gather`), run
+    only at the gathered positions: an RL row's policy tokens are a small part of its
+    prompt + observations, and the `[*, V]` head dominates a small model's cost.
     `with_entropy`: also the entropies `[B, P]` of those distributions. `batch_sharding`: see
     `Qwen3.hidden_states`."""
-    hidden, _ = model.hidden_states(tokens, positions, attention_mask,
-                                    batch_sharding=batch_sharding)
     prev = jnp.maximum(index - 1, 0)
-    h = jnp.take_along_axis(hidden, prev[..., None], axis=1)
+    h, _ = model.hidden_states(tokens, positions, attention_mask,
+                               batch_sharding=batch_sharding, gather=prev)
     targets = jnp.take_along_axis(tokens, index, axis=1)
     return chunked_logprobs(h, model.head_weight(), targets, temperature=temperature,
                             chunk_size=chunk_size or model.config.logprob_chunk,
@@ -411,10 +459,9 @@ def choice_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,
     This is the distribution a grammar-constrained sampler draws from (the full-vocabulary
     log-sum-exp cancels); a position with one option (a forced token) gets 0. Only the `A`
     option columns of the head are used, never `[*, V]` logits."""
-    hidden, _ = model.hidden_states(tokens, positions, attention_mask,
-                                    batch_sharding=batch_sharding)
     prev = jnp.maximum(index - 1, 0)
-    h = jnp.take_along_axis(hidden, prev[..., None], axis=1)  # [B, P, D]
+    h, _ = model.hidden_states(tokens, positions, attention_mask,
+                               batch_sharding=batch_sharding, gather=prev)  # [B, P, D]
     w = model.head_weight().astype(h.dtype)  # [D, V]
     targets = jnp.take_along_axis(tokens, index, axis=1)
     picked = jnp.einsum("bpd,dbp->bp", h, jnp.take(w, targets, axis=1),

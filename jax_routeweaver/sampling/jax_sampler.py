@@ -727,8 +727,12 @@ class JaxSampler:
         B, P = tokens.shape
         cache = init_cache(self.config, B, P + new_bucket, self._cache_dtype)
         cache = self._constrain_cache(cache)
-        hidden, cache = model.hidden_states(tokens, positions, mask, cache, empty_cache=True)
-        logits = model.logits(hidden[:, -1])  # left padding: the last slot is real in every row
+        # Left padding: the last slot is real in every row, and the next token is sampled
+        # from it alone (the last layer runs only there: `gather`).
+        last = jnp.full((B, 1), P - 1, jnp.int32)
+        hidden, cache = model.hidden_states(tokens, positions, mask, cache, empty_cache=True,
+                                            gather=last)
+        logits = model.logits(hidden[:, 0])
         return self._constrain(self._initial_state(cache, logits, prompt_lens, real, new_bucket))
 
     def _copy_prefix_impl(self, src_k: jax.Array, src_v: jax.Array, rows: jax.Array,
@@ -760,8 +764,9 @@ class JaxSampler:
                         jax.lax.dynamic_update_slice(cache.valid, head_mask, (0, 0)),
                         jnp.asarray(W, jnp.int32))
         cache = self._constrain_cache(cache)
-        hidden, cache = model.hidden_states(tokens, positions, mask, cache)
-        logits = model.logits(hidden[:, -1])
+        last = jnp.full((B, 1), Ps - 1, jnp.int32)
+        hidden, cache = model.hidden_states(tokens, positions, mask, cache, gather=last)
+        logits = model.logits(hidden[:, 0])
         return self._constrain(self._initial_state(cache, logits, prompt_lens, real, new_bucket))
 
     def _initial_state(self, cache: KVCache, logits: jax.Array, prompt_lens: jax.Array,
