@@ -169,6 +169,28 @@ def test_episode_shape_finish_cost(batch_metrics):
     assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
 
 
+def test_worker_shares_overall_and_by_domain():
+    """Calls per worker: 3 of 5 to worker_1 overall; MATH's rows called worker_2 twice and
+    worker_1 once, RECALL's only worker_1 (worker_2 at 0 there); no calls, no keys."""
+    w = lambda name: WorkerCall(name, "p", "reply", True)
+    rows = [row(M1, mode="multi", r=1.0, calls=[w("worker_2"), w("worker_1")]),
+            row(M1, mode="single", r=0.0, calls=[w("worker_2")]),
+            row(R1, mode="single", r=1.0, calls=[w("worker_1")]),
+            row(R1, mode="single", r=0.0, calls=[w("worker_1")])]
+    trajs, rewards = zip(*rows, strict=True)
+    m = rollout_metrics(list(trajs), list(rewards), group_size=2)
+    assert {k: v for k, v in m.items() if k.startswith("workers/")} == {
+        "workers/share/worker_1": 0.6, "workers/share/worker_2": 0.4,
+        "workers/share_by_domain/MATH/worker_1": pytest.approx(1 / 3),
+        "workers/share_by_domain/MATH/worker_2": pytest.approx(2 / 3),
+        "workers/share_by_domain/RECALL/worker_1": 1.0,
+        "workers/share_by_domain/RECALL/worker_2": 0.0}
+    no_calls = [row(M1, mode="single", r=1.0), row(M1, mode="single", r=0.0)]
+    trajs, rewards = zip(*no_calls, strict=True)
+    assert not any(k.startswith("workers/") for k in rollout_metrics(
+        list(trajs), list(rewards), group_size=2))
+
+
 def test_mixed_group_all_forced_and_all_dirty():
     batch = [row(M1, mode="single", r=1.0, forced=True, calls=[call(False)]),
              row(M1, mode="single", r=0.0, calls=[call(False)]),

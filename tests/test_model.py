@@ -299,11 +299,11 @@ def test_gathered_hidden_states_equal_the_full_pass(tiny_hf_dir, runtime):
     def gathered(m):
         return m.hidden_states(tokens, positions, mask, gather=gather)[0]
 
-    a, b = full(model), gathered(model)
+    a, b = nnx.jit(full)(model), nnx.jit(gathered)(model)
     assert b.shape == (*gather.shape, model.config.hidden_size)
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
-    ga = nnx.grad(lambda m: (full(m) * weight).sum())(model)
-    gb = nnx.grad(lambda m: (gathered(m) * weight).sum())(model)
+    ga = nnx.jit(nnx.grad(lambda m: (full(m) * weight).sum()))(model)
+    gb = nnx.jit(nnx.grad(lambda m: (gathered(m) * weight).sum()))(model)
     for (path, x), (_, y) in zip(nnx.to_flat_state(ga), nnx.to_flat_state(gb), strict=True):
         # fp32 summation order differs: tolerance relative to the gradient's scale (~20)
         scale = float(np.abs(x[...]).max())

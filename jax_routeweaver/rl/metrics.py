@@ -134,6 +134,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
         out.update(_mode_metrics(trajs, modes, free, by_domain))
     out.update(_failure_metrics(trajs, rewards))
     out.update(_episode_metrics(trajs))
+    out.update(_worker_metrics(trajs, by_domain))
     out["cost/usd_mean"] = _mean(float(r.cost_usd) for r in rewards)
     if with_modes:
         for mode, idx in sorted(by_mode.items()):
@@ -213,6 +214,26 @@ def _episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     finishes = Counter(t.finish or "none" for t in trajs)
     for reason, count in sorted(finishes.items()):
         out[f"finish/{reason}"] = count / n
+    return out
+
+
+def _worker_metrics(trajs: Sequence[Trajectory],
+                   by_domain: Mapping[str, list[int]]) -> dict[str, float]:
+    """``workers/share/{worker}``: each worker's share of the batch's calls;
+    ``workers/share_by_domain/{DOMAIN}/{worker}``: the same within a domain's rows, so a router
+    that picks its workers by the question shows different shares per domain. Over the workers
+    called anywhere in the batch (0 where a domain's rows called one never); no key without
+    calls."""
+    out: dict[str, float] = {}
+    calls = [c.worker for t in trajs for c in t.calls]
+    workers = sorted(set(calls))
+    for prefix, names in [("workers/share", calls)] + [
+            (f"workers/share_by_domain/{domain}",
+             [c.worker for i in idx for c in trajs[i].calls])
+            for domain, idx in sorted(by_domain.items())]:
+        counts = Counter(names)
+        for w in workers if names else ():
+            out[f"{prefix}/{w}"] = counts[w] / len(names)
     return out
 
 
