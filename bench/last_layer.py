@@ -31,11 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from length_groups import flat, make_batch
+from length_groups import add_batch_args, flat, make_batch, router_config
 from rich.console import Console
 from rich.table import Table
 
-from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3, init_cache
 from jax_routeweaver.models.sharding import create_sharded, make_mesh
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
@@ -73,24 +72,12 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=40)
-    ap.add_argument("--micro", type=int, default=4)
-    ap.add_argument("--min-len", type=int, default=300)
-    ap.add_argument("--max-len", type=int, default=1600)
-    ap.add_argument("--policy", type=int, default=16)
+    add_batch_args(ap)
     ap.add_argument("--prefill-rows", type=int, default=16)
     ap.add_argument("--prefill-len", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden,
-                      intermediate_size=3 * args.hidden, num_layers=args.layers, num_heads=2,
-                      num_kv_heads=1, head_dim=16, max_position_embeddings=8192,
-                      tie_word_embeddings=True, logprob_chunk=256, causal_parts=8)
+    cfg = router_config(args)
     lengths = np.random.default_rng(args.seed).integers(args.min_len, args.max_len + 1,
                                                          args.rows)
     batch = make_batch(args.rows, lengths, args.policy, args.vocab, args.seed)

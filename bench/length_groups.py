@@ -66,12 +66,8 @@ def make_batch(rows: int, lengths: np.ndarray, policy: int, vocab: int,
                                           (rows, width)).copy())
 
 
-def flat(tree) -> np.ndarray:
-    return np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(tree)])
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_batch_args(ap: argparse.ArgumentParser) -> None:
+    """The batch and router flags this script shares with `bench/last_layer.py`."""
     ap.add_argument("--rows", type=int, default=40)
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--min-len", type=int, default=300)
@@ -83,13 +79,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal-parts", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+
+
+def router_config(args: argparse.Namespace) -> ModelConfig:
+    """The quickstart's router (`configs/quickstart.yaml`) at the flags' sizes."""
+    return ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden,
+                       intermediate_size=3 * args.hidden, num_layers=args.layers,
+                       num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=8192,
+                       tie_word_embeddings=True, logprob_chunk=256,
+                       causal_parts=args.causal_parts)
+
+
+def flat(tree) -> np.ndarray:
+    return np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(tree)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_batch_args(ap)
     args = ap.parse_args(argv)
 
-    cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden,
-                      intermediate_size=3 * args.hidden, num_layers=args.layers, num_heads=2,
-                      num_kv_heads=1, head_dim=16, max_position_embeddings=8192,
-                      tie_word_embeddings=True, logprob_chunk=256,
-                      causal_parts=args.causal_parts)
+    cfg = router_config(args)
     lengths = np.random.default_rng(args.seed).integers(args.min_len, args.max_len + 1,
                                                          args.rows)
     batch = make_batch(args.rows, lengths, args.policy, args.vocab, args.seed)
