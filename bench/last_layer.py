@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from length_groups import add_batch_args, flat, make_batch, router_config
+from length_groups import add_batch_args, drawn_batch, flat, router_config
 from rich.console import Console
 from rich.table import Table
 
@@ -78,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     cfg = router_config(args)
-    lengths = np.random.default_rng(args.seed).integers(args.min_len, args.max_len + 1,
-                                                         args.rows)
-    batch = make_batch(args.rows, lengths, args.policy, args.vocab, args.seed)
+    lengths, batch = drawn_batch(args)
     mesh = make_mesh((1, -1, 1))  # as the training loop places the quickstart's router
     loss = LossConfig(micro_batch_size=args.micro, kl_coef=0.001, group_by_length=True)
     sides = {"full last layer (reference)": full_last_layer, "gathered": contextlib.nullcontext}

@@ -90,6 +90,13 @@ def router_config(args: argparse.Namespace) -> ModelConfig:
                        causal_parts=args.causal_parts)
 
 
+def drawn_batch(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The flags' row lengths (uniform in ``[--min-len, --max-len]``) and their batch."""
+    lengths = np.random.default_rng(args.seed).integers(args.min_len, args.max_len + 1,
+                                                         args.rows)
+    return lengths, make_batch(args.rows, lengths, args.policy, args.vocab, args.seed)
+
+
 def flat(tree) -> np.ndarray:
     return np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(tree)])
 
@@ -100,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     cfg = router_config(args)
-    lengths = np.random.default_rng(args.seed).integers(args.min_len, args.max_len + 1,
-                                                         args.rows)
-    batch = make_batch(args.rows, lengths, args.policy, args.vocab, args.seed)
+    lengths, batch = drawn_batch(args)
     mesh = make_mesh((1, -1, 1))  # as the training loop places the quickstart's router
     trainers = {}
     for name, grouped in (("padded (reference)", False), ("group_by_length", True)):
