@@ -161,28 +161,22 @@ class Qwen3(nnx.Module):
 
         # The whole cache rides in the carry and each layer updates its slice in place, so a
         # decode step writes T new slots instead of rebuilding the [L, B, S, K, H] cache.
-        def layer(carry: tuple, xs: tuple) -> tuple[tuple, None]:
+        def layer(carry: tuple, xs: tuple, gather: jax.Array | None = None
+                  ) -> tuple[tuple, None]:
             x, ck, cv = carry
             p, index = xs
             x, ck, cv = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start, index,
-                                      self_attention=self_attention)
-            return (constrain(x), ck, cv), None
-
-        def last_layer(carry: tuple, p: dict[str, jax.Array]) -> tuple:
-            x, ck, cv = carry
-            x, ck, cv = decoder_layer(cfg, p, x, cos, sin, mask, ck, cv, start, L - 1,
                                       self_attention=self_attention, gather=gather)
-            return constrain(x), ck, cv
+            return (constrain(x), ck, cv), None
 
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_REMAT[cfg.remat])
-            last_layer = jax.checkpoint(last_layer, policy=_REMAT[cfg.remat])
         weights = self.layers.arrays()
         carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
         if gather is not None and groups == 1:
             carry = _run_layers(layer, carry, (jax.tree.map(lambda a: a[:-1], weights),
                                                jnp.arange(L - 1)), L - 1, 1, cfg.scan_layers)
-            carry = last_layer(carry, jax.tree.map(lambda a: a[-1], weights))
+            carry, _ = layer(carry, (jax.tree.map(lambda a: a[-1], weights), L - 1), gather)
         else:
             carry = _run_layers(layer, carry, (weights, jnp.arange(L)), L, groups,
                                 cfg.scan_layers)

@@ -224,13 +224,13 @@ def _worker_metrics(trajs: Sequence[Trajectory],
     that picks its workers by the question shows different shares per domain. Over the workers
     called anywhere in the batch (0 where a domain's rows called one never); no key without
     calls."""
+    calls = {"workers/share": [c.worker for t in trajs for c in t.calls]}
+    for domain, idx in sorted(by_domain.items()):
+        calls[f"workers/share_by_domain/{domain}"] = [
+            c.worker for i in idx for c in trajs[i].calls]
+    workers = sorted(set(calls["workers/share"]))
     out: dict[str, float] = {}
-    calls = [c.worker for t in trajs for c in t.calls]
-    workers = sorted(set(calls))
-    for prefix, names in [("workers/share", calls)] + [
-            (f"workers/share_by_domain/{domain}",
-             [c.worker for i in idx for c in trajs[i].calls])
-            for domain, idx in sorted(by_domain.items())]:
+    for prefix, names in calls.items():
         counts = Counter(names)
         for w in workers if names else ():
             out[f"{prefix}/{w}"] = counts[w] / len(names)
