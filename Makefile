@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test lint quickstart bench clean-venv
 
-$(STAMP): requirements/cpu.lock setup.cfg pyproject.toml
+$(STAMP): requirements/cpu.lock requirements/apt.lock setup.cfg pyproject.toml
+	sh requirements/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" "setuptools==78.1.1"
 	# The lock is complete (pip freeze of a working environment): --no-deps keeps the

@@ -1,5 +1,6 @@
-"""The sandbox runner: statuses, stdin, fresh and removed working dirs, the environment, the
-function runner, output caps, and the bound on concurrent children (sync and async)."""
+"""The sandbox runner: statuses, stdin, fresh working dirs, the environment, the function
+runner, output caps, and the bounds on concurrent children and their memory (sync and async).
+The hostile programs are in test_sandbox_security.py."""
 
 import asyncio
 import json
@@ -10,8 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from jax_routeweaver.rewards import sandbox as sandbox_module
-from jax_routeweaver.rewards.sandbox import Sandbox, SandboxError
+from jax_routeweaver.rewards.sandbox import Sandbox, SandboxError, jail
 
 pytestmark = pytest.mark.integration
 
@@ -93,17 +93,34 @@ def test_stderr_keeps_the_tail(sb):
 
 
 # ------------------------------------------------------------------------------ environment
-def test_fresh_working_dir_removed_afterwards(sb):
+def test_fresh_working_dir_each_job(sb):
     prog = ("import os\nprint(os.getcwd())\nprint(sorted(os.listdir('.')))\n"
             "open('made.txt', 'w').write('x')\nos.mkdir('sub')\nopen('sub/f', 'w').write('y')")
     first, second = sb.run(prog), sb.run(prog)
     assert first.ok and second.ok
     cwd1, listing1 = first.stdout.splitlines()
     cwd2, listing2 = second.stdout.splitlines()
-    assert listing1 == listing2 == "[]"  # nothing left over, nothing of ours visible
-    assert cwd1 != cwd2
-    assert os.path.dirname(cwd1) == sb.tmp_root
-    assert not os.path.exists(cwd1) and not os.path.exists(cwd2)
+    assert listing1 == listing2 == "[]"  # nothing left over from the first job
+    assert cwd1 == cwd2 == "/sandbox"  # the jail's own tmpfs: no directory of the host
+
+
+def test_none_level_removes_its_dir_without_following_links(tmp_path):
+    """The unisolated level works in a host temp dir: removed afterwards, and a job that
+    swaps it for a link to another tree does not get that tree touched."""
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub").chmod(0o755)
+    box = Sandbox(1, isolation="none", tmp_root=str(tmp_path))
+    try:
+        r = box.run(f"import os\ncwd = os.getcwd()\nprint(cwd)\nos.chdir('/')\n"
+                    f"os.rename(cwd, cwd + '-moved')\nos.symlink({str(victim)!r}, cwd)")
+        assert r.ok, r.stderr
+        cwd = r.stdout.strip()
+        assert os.path.dirname(os.path.dirname(cwd)) == str(tmp_path)
+        assert os.listdir(tmp_path) == ["victim"]  # the job's dir, its link and its move: gone
+        assert (victim / "sub").stat().st_mode & 0o777 == 0o755
+    finally:
+        box.close()
 
 
 def test_environment_is_minimal_and_hash_seed_fixed(sb, monkeypatch):
@@ -114,20 +131,18 @@ def test_environment_is_minimal_and_hash_seed_fixed(sb, monkeypatch):
     assert "ROUTEWEAVER_TEST_VAR" not in env and "leak" not in r1.stdout
     assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONHASHSEED",
                         "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS",
-                        "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LC_CTYPE"}
+                        "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LC_CTYPE", "PWD"}
     assert env["PYTHONHASHSEED"] == "0"
     assert r1.stdout.splitlines()[1] == r2.stdout.splitlines()[1]  # deterministic str hash
 
 
 def test_isolation_report_matches_the_child(sb):
     iso = sb.isolation
+    assert iso.level == "full" and iso.jailed and iso.whole_job_limits and iso.cgroup in (1, 2)
     r = sb.run("import os, socket\nprint(os.getuid())\n"
                "print(sorted(n for _, n in socket.if_nameindex()))")
     uid, ifaces = r.stdout.splitlines()
-    if iso.uid_drop:
-        assert int(uid) not in (0, os.getuid())
-    if iso.netns:
-        assert ifaces == "['lo']"
+    assert int(uid) == 65534 and ifaces == "['lo']"
 
 
 def test_threads_and_deep_recursion_work(sb):
@@ -141,7 +156,7 @@ def test_threads_and_deep_recursion_work(sb):
 
 def test_child_that_cannot_start_is_a_sandbox_error(sb, monkeypatch):
     sb.isolation  # probed with the real interpreter first  # noqa: B018
-    monkeypatch.setattr(sandbox_module.sys, "executable", "/bin/false")
+    monkeypatch.setattr(jail, "interpreter", lambda: "/bin/false")
     with pytest.raises(SandboxError, match="did not start"):
         sb.run("print(1)")
 

@@ -1,26 +1,45 @@
-"""Hostile programs: each is contained, scored wrong, leaves the host unharmed, and ends in
-seconds. Each attack comes in the naive form (stopped by the guard) and, where this host has
-the kernel layer (`Sandbox.isolation`), in a form that bypasses the guard with ctypes."""
+"""Hostile programs against the default ("full") sandbox: nothing of the host readable or
+writable, nothing of the job left behind, limits over the whole job, no reward hack, and a
+sandbox that refuses to run rather than run with less isolation than asked for.
 
-import hashlib
+Every attack here is one an attacker ran against the previous sandbox (a Python-level guard
+over a plain child) and that got through; each is judged from the host side where it can be.
+`check.py`'s attacks run too, against "full" (all hold) and "none" (they must be caught:
+the attacks are real, not vacuous)."""
+
+import _io  # noqa: F401  (the attacks below use the raw io layer the old guard missed)
+import itertools
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import textwrap
 import time
+import types
+from pathlib import Path
 
 import pytest
 
-from jax_routeweaver.rewards import sandbox
-from jax_routeweaver.rewards.sandbox import Sandbox
+from jax_routeweaver.rewards import reward as reward_module
+from jax_routeweaver.rewards.feedback import EXECUTOR_ROLE, execution_verdict
+from jax_routeweaver.rewards.sandbox import (
+    IsolationUnavailable,
+    Sandbox,
+    SandboxError,
+    check,
+    jail,
+    runner,
+)
+from jax_routeweaver.rewards.sandbox import cgroup as cgroup_module
 from jax_routeweaver.rewards.scorers import code
 from jax_routeweaver.rewards.scorers.registry import score
 
 pytestmark = pytest.mark.integration
 
 SECRET = "sk-secret-test"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -30,298 +49,307 @@ def sb():
     box.close()
 
 
-def needs(sb, what):
-    if not getattr(sb.isolation, what):
-        pytest.skip(f"this host does not allow the kernel layer {what!r}: {sb.isolation}")
+@pytest.fixture
+def host_dir():
+    """A world-enterable host directory with a world-readable file (as a data file would
+    be), removed afterwards."""
+    d = Path(f"/tmp/rw-host-{secrets.token_hex(4)}")
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    (d / "sub").mkdir(mode=0o755)
+    (d / "expected.txt").write_text(f"{SECRET}\n")
+    (d / "expected.txt").chmod(0o644)
+    yield d
+    subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
-def _live_processes(uid: int) -> list[int]:
-    """Processes of `uid` that still run (killed ones linger as zombies until init reaps)."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    fields = dict(line.split(":", 1) for line in f if ":" in line)
-                if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] != "Z":
-                    pids.append(int(pid))
-            except (OSError, ValueError, KeyError):
-                pass
-    return pids
+def _run(sb, program: str, **kwargs):
+    return sb.run(textwrap.dedent(program), **kwargs)
 
 
-def _process_count() -> int:
-    """Live processes on the host (zombies excluded)."""
-    count = 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    count += f.read().rsplit(")", 1)[1].split()[0] != "Z"
-            except (OSError, IndexError):
-                pass
-    return count
-
-
-# ------------------------------------------------------------------------------ fork bombs
-def test_fork_bomb_naive(sb):
-    before = _process_count()
-    r = sb.run("import os\nwhile True:\n    os.fork()", timeout_s=3)
-    assert r.status == "error" and "PermissionError" in r.stderr
-    r = sb.run("import subprocess\nsubprocess.Popen(['sleep', '100'])", timeout_s=3)
-    assert r.status == "error" and "PermissionError" in r.stderr
-    assert _process_count() <= before + 5
-
-
-def test_fork_bomb_bypassing_the_guard(sb):
-    needs(sb, "uid_drop")
-    before = _process_count()
-    prog = textwrap.dedent("""
-        import ctypes, os, time
-        libc = ctypes.CDLL(None, use_errno=True)
-        print(os.getuid(), flush=True)
-        made, end = 0, time.time() + 1.0
-        while time.time() < end:
-            pid = libc.fork()
-            if pid == 0:
-                libc.setsid()  # leave the process group, too
-                time.sleep(60)
-                os._exit(0)
-            made += pid > 0
-        print("forked", made, flush=True)
-        time.sleep(60)
-    """)
-    t0 = time.monotonic()
-    r = sb.run(prog, timeout_s=2.5)
-    assert r.status == "timeout" and time.monotonic() - t0 < 8
-    uid_line, forked = r.stdout.splitlines()
-    assert int(forked.split()[1]) < sb.nproc  # RLIMIT_NPROC held
-    deadline = time.monotonic() + 2.0  # SIGKILL is asynchronous: allow the exits to land
-    while _live_processes(int(uid_line)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _live_processes(int(uid_line)) == []  # every fork is gone, setsid or not
-    assert _process_count() <= before + 5
-
-
-@pytest.mark.parametrize("killer", ["setpriv", "interpreter"])
-def test_kill_uid_kills_the_uid_only(sb, monkeypatch, killer):
-    """What runs after every job: every process of the job's uid dies, others' live on."""
-    needs(sb, "uid_drop")
-    if killer == "interpreter":  # a host without util-linux's setpriv
-        monkeypatch.setattr(sandbox, "_killer_tools", lambda: (None, None))
-    elif sandbox._killer_tools()[0] is None:
-        pytest.skip("no setpriv on this host")
-    uid, other = (sandbox._fresh_uid(*sandbox._uid_range()) for _ in range(2))
-    procs = [subprocess.Popen(["sleep", "60"], user=u, group=u, extra_groups=[],
-                              start_new_session=True) for u in (uid, uid, other)]
-    try:
-        sandbox._kill_uid(uid)
-        assert [p.wait(timeout=5) for p in procs[:2]] == [-9, -9]
-        assert procs[2].poll() is None  # another uid's process is untouched
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
-# ------------------------------------------------------------------------------ time, memory
-def test_infinite_loop(sb):
-    t0 = time.monotonic()
-    r = sb.run("while True:\n    pass", timeout_s=1.5)
-    assert r.status == "timeout" and time.monotonic() - t0 < 5
-
-
-def test_cpu_limit_backs_up_the_wall_clock(sb):
-    # A child that outlives its CPU budget is killed by the kernel (SIGXCPU) even if the wall
-    # clock allowed more: `timeout_s` sets RLIMIT_CPU to ceil(timeout_s) + 1 seconds.
-    r = sb.run("import signal, time\nsignal.signal(signal.SIGXCPU, signal.SIG_DFL)\n"
-               "t = time.process_time()\nwhile time.process_time() - t < 30:\n    pass",
-               timeout_s=1.0)
-    assert r.status == "timeout"
-
-
-def test_memory_hog(sb):
-    t0 = time.monotonic()
-    r = sb.run("x = bytearray(64 << 30)", memory_mb=256)
-    assert r.status == "memory"
-    r = sb.run("import numpy\nx = numpy.ones((1 << 16, 1 << 16))", memory_mb=512)
-    assert r.status == "memory"
-    assert time.monotonic() - t0 < 8
-
-
-def test_huge_file_is_capped(sb):
-    r = sb.run("with open('big', 'wb') as f:\n    f.write(b'x' * (64 << 20))", timeout_s=5)
-    assert r.status == "error" and "File too large" in r.stderr  # RLIMIT_FSIZE 16 MiB
-
-
-# ------------------------------------------------------------------------------ network
-@pytest.fixture()
-def listener():
-    server = socket.create_server(("127.0.0.1", 0))
-    server.setblocking(False)
-    yield server
-    server.close()
-
-
-def _nothing_connected(server) -> bool:
-    try:
-        conn, _ = server.accept()
-    except BlockingIOError:
-        return True
-    conn.close()
-    return False
-
-
-def test_socket_naive(sb, listener):
-    port = listener.getsockname()[1]
-    r = sb.run(f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-               "print('CONNECTED')", timeout_s=5)
-    assert r.status == "error" and "CONNECTED" not in r.stdout
-    r = sb.run(f"import socket\ns = socket.socket()\ns.connect(('127.0.0.1', {port}))\n"
-               "print('CONNECTED')", timeout_s=5)
-    assert r.status == "error" and "CONNECTED" not in r.stdout
-    time.sleep(0.1)
-    assert _nothing_connected(listener)
-
-
-def test_socket_bypassing_the_guard(sb, listener):
-    needs(sb, "netns")
-    port = listener.getsockname()[1]
-    prog = textwrap.dedent(f"""
-        import ctypes, socket, struct
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.socket(2, 1, 0)
-        addr = struct.pack("<HH4s8x", 2, socket.htons({port}), socket.inet_aton("127.0.0.1"))
-        rc = libc.connect(fd, addr, 16)
-        print("CONNECTED" if rc == 0 else "refused", ctypes.get_errno())
-    """)
-    r = sb.run(prog, timeout_s=5)
-    assert r.status == "ok" and r.stdout.startswith("refused")
-    time.sleep(0.1)
-    assert _nothing_connected(listener)
-
-
-# ------------------------------------------------------------------------------ filesystem
-@pytest.fixture()
-def victim(tmp_path):
-    path = tmp_path / "victim.txt"
-    path.write_text("original")
-    return path
-
-
-def test_write_outside_naive(sb, victim, tmp_path):
-    fresh = tmp_path / "new.txt"
-    prog = textwrap.dedent(f"""
-        import os, shutil, pathlib
-        attempts = [
-            lambda: open({str(victim)!r}, "w").write("pwned"),
-            lambda: open({str(fresh)!r}, "x"),
-            lambda: pathlib.Path({str(victim)!r}).write_text("pwned"),
-            lambda: os.open({str(fresh)!r}, os.O_CREAT | os.O_WRONLY),
-            lambda: os.remove({str(victim)!r}),
-            lambda: os.rename({str(victim)!r}, "here.txt"),
-            lambda: shutil.rmtree({str(tmp_path)!r}),
-            lambda: os.symlink({str(victim)!r}, "link") or open("link", "w").write("pwned"),
-        ]
-        for attempt in attempts:
+# ------------------------------------------------------------------------------ host harmed
+def test_cleanup_never_acts_outside_the_job(sb, host_dir):
+    """The job renames its working directory and leaves a link to a host tree in its place:
+    the host tree's modes stay as they were (the old clean-up chmod-ed it 0700)."""
+    r = _run(sb, f"""
+        import os
+        cwd = os.getcwd()
+        for attempt in (lambda: os.rename(cwd, cwd + "-moved"),
+                        lambda: os.symlink({str(host_dir)!r}, cwd),
+                        lambda: os.symlink({str(host_dir)!r}, "link")):
             try:
                 attempt()
-                print("DONE")
-            except PermissionError as e:
-                print("denied")
-    """)
-    r = sb.run(prog)
-    assert r.status == "ok" and "DONE" not in r.stdout, r.stdout
-    assert victim.read_text() == "original" and not fresh.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim.txt"]
-
-
-def test_write_outside_bypassing_the_guard(sb, victim, tmp_path):
-    needs(sb, "uid_drop")
-    fresh = tmp_path / "new.txt"
-    prog = textwrap.dedent(f"""
-        import _io, ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        for path in ({str(victim)!r}, {str(fresh)!r}):
-            try:
-                _io.FileIO(path, "w").write(b"pwned")
-                print("DONE")
             except OSError as e:
-                print("denied", e.errno)
-            fd = libc.open(path.encode(), 0o1101, 0o644)  # O_WRONLY | O_CREAT | O_TRUNC
-            print("DONE" if fd >= 0 else "denied")
+                print(type(e).__name__)
     """)
-    r = sb.run(prog)
-    assert r.status == "ok" and "DONE" not in r.stdout, r.stdout
-    assert victim.read_text() == "original" and not fresh.exists()
+    assert r.ok, r.stderr
+    assert host_dir.stat().st_mode & 0o777 == 0o755
+    assert (host_dir / "sub").stat().st_mode & 0o777 == 0o755
+    assert sorted(p.name for p in host_dir.iterdir()) == ["expected.txt", "sub"]
 
 
-# ------------------------------------------------------------------------------ parent process
-_PARENT = textwrap.dedent("""
-    import hashlib, json, os, sys
-    from jax_routeweaver.rewards.sandbox import Sandbox
-    box = Sandbox(1)
-    r = box.run(sys.argv[1], timeout_s=5)
-    key = os.environ.get("OPENROUTER_API_KEY", "").encode()
-    print(json.dumps({"status": r.status, "stdout": r.stdout, "stderr": r.stderr,
-                      "parent_has_key": hashlib.sha256(key).hexdigest() == sys.argv[2]}))
-""")
-
-
-def _via_parent(program: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    """Run `program` in a sandbox owned by a separate parent process that holds the secret in
-    its environment from the start (so it is in /proc/<parent>/environ, too)."""
-    env = dict(os.environ, OPENROUTER_API_KEY=SECRET)
-    digest = hashlib.sha256(SECRET.encode()).hexdigest()  # the secret itself stays off argv
-    proc = subprocess.run([sys.executable, "-c", _PARENT, program, digest], env=env,
-                          capture_output=True, text=True, timeout=60,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    lines = proc.stdout.strip().splitlines()
-    return proc, (json.loads(lines[-1]) if proc.returncode == 0 and lines else None)
-
-
-def test_environment_secrets_do_not_reach_the_program(sb, monkeypatch):
-    monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
-    r = sb.run("import os\nprint(dict(os.environ))\ntry:\n"
-               "    print(open('/proc/self/environ').read())\nexcept OSError as e:\n"
-               "    print(e)")
-    assert r.ok and SECRET not in r.stdout and "PATH" in r.stdout
-
-
-def test_parent_environ_is_unreadable(sb):
-    prog = textwrap.dedent("""
+# ------------------------------------------------------------------------------ reward hack
+def test_hidden_test_data_cannot_be_read(sb, host_dir):
+    """The program knows where the graded data lies and searches the file system for it: the
+    stdin scorer must still score it wrong."""
+    program = textwrap.dedent(f"""
         import os
-        print(dict(os.environ))
-        for path in (f"/proc/{os.getppid()}/environ", f"/proc/{os.getppid()}/cmdline"):
-            try:
-                print(open(path, "rb").read())
-            except OSError as e:
-                print("denied", e.errno)
+        try:
+            print(open({str(host_dir / 'expected.txt')!r}).read(), end="")
+        except OSError:
+            for root, _dirs, files in os.walk("/"):
+                for name in files:
+                    if name == "expected.txt":
+                        print(open(os.path.join(root, name)).read(), end="")
     """)
-    proc, result = _via_parent(prog)
-    assert result is not None, proc.stderr
-    assert result["parent_has_key"]  # the parent really holds the secret
-    assert SECRET not in result["stdout"] + result["stderr"]
-    if sb.isolation.uid_drop:
-        denied = [line for line in result["stdout"].splitlines() if line.startswith("denied ")]
-        assert denied == ["denied 13"]  # environ: EACCES; cmdline (harmless) readable
+    result = score("stdin", f"```python\n{program}\n```", [],
+                   {"tests": [{"input": "", "output": SECRET}]})
+    assert not result.correct, result.detail
 
 
-def test_killing_the_parent(sb):
-    proc, result = _via_parent("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
-    assert result is not None and result["status"] == "error", proc.stderr
-    assert "PermissionError" in result["stderr"]
-    assert sb.run("import os\nos.killpg(1, 9)").status == "error"
+@pytest.mark.parametrize("target", ["/etc/passwd", "/etc/hostname", str(REPO / ".git/config"),
+                                    str(REPO / "tests" / "conftest.py"), str(REPO)])
+def test_host_files_are_not_readable(sb, target):
+    r = _run(sb, f"""
+        import os
+        path = {target!r}
+        try:
+            print(os.listdir(path) if os.path.isdir(path) else open(path, "rb").read(64))
+        except OSError as e:
+            print("denied", type(e).__name__)
+    """)
+    assert r.ok and r.stdout.startswith("denied"), r.stdout
 
 
-def test_killing_the_parent_bypassing_the_guard(sb):
-    needs(sb, "uid_drop")
-    prog = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "print(libc.kill(os.getppid(), 9), ctypes.get_errno())\n"
-            "print(libc.kill(1, 9), ctypes.get_errno())")
-    proc, result = _via_parent(prog)
-    assert proc.returncode == 0 and result is not None, proc.stderr  # the parent survived
-    assert result["stdout"].split() == ["-1", "1", "-1", "1"]  # EPERM twice
+def test_no_host_process_is_visible(sb):
+    """Only the job's own processes exist in its /proc (no host cmdline, no host environ)."""
+    r = _run(sb, f"""
+        import os
+        pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+        print(pids)
+        try:
+            print(open("/proc/{os.getpid()}/cmdline", "rb").read())
+        except OSError:
+            print("absent")
+    """)
+    pids, mine = r.stdout.splitlines()
+    assert len(eval(pids)) <= 3 and mine == "absent"
+
+
+def test_calc_feedback_cannot_carry_a_host_file_to_the_router(host_dir):
+    reply = f"```python\nprint(open({str(host_dir / 'expected.txt')!r}).read())\n```"
+    verdict = execution_verdict(reply, role=EXECUTOR_ROLE, scorer_dataset="math", meta={})
+    assert verdict is not None and verdict.startswith("[calc] the program errored")
+    assert SECRET not in verdict
+
+
+# ------------------------------------------------------------------------------ writes
+def test_writes_end_with_the_job(sb):
+    marker = f"rw-attack-{secrets.token_hex(4)}"
+    r = _run(sb, f"""
+        import _io
+        written = 0
+        for path in ("/tmp/{marker}", "/dev/shm/{marker}"):
+            with _io.FileIO(path, "w") as f:
+                written += f.write(b"x")
+        flood = 0
+        try:
+            with _io.FileIO("/tmp/{marker}-flood", "w") as f:
+                for _ in range(128):
+                    flood += f.write(b"x" * (1 << 20))
+        except OSError as e:
+            print(type(e).__name__)
+        print(written, flood >> 20)
+    """, memory_mb=512)
+    assert r.ok, r.stderr
+    assert r.stdout.split()[-2:][0] == "2"  # the writes worked inside the jail ...
+    assert int(r.stdout.split()[-1]) <= 64  # ... the flood stopped at the scratch size ...
+    for left in (f"/tmp/{marker}", f"/dev/shm/{marker}", f"/tmp/{marker}-flood"):
+        assert not os.path.lexists(left)  # ... and nothing reached the host
+
+
+def test_the_interpreter_and_the_jail_root_are_read_only(sb):
+    r = _run(sb, f"""
+        import os
+        for path in ({jail.interpreter()!r} + "-x", "/made-at-root", "/usr/lib/x"):
+            try:
+                open(path, "w")
+                print("wrote", path)
+            except OSError as e:
+                print(type(e).__name__)
+    """)
+    assert "wrote" not in r.stdout and r.stdout.count("Error") == 3, r.stdout
+
+
+# ------------------------------------------------------------------------------ whole-job limits
+def test_memory_limit_bounds_the_process_tree(sb):
+    """Six forks of 120 MiB under memory_mb=256: at most two can hold their block at once
+    (the old per-process limit let all six, ~780 MiB, through)."""
+    r = _run(sb, """
+        import os, time
+        r, w = os.pipe()
+        for _ in range(6):
+            if os.fork() == 0:
+                block = bytearray(120 << 20)
+                block[::4096] = b"x" * len(block[::4096])
+                os.write(w, b"k")
+                time.sleep(30)
+                os._exit(0)
+        time.sleep(2)
+        os.set_blocking(r, False)
+        try:
+            print(len(os.read(r, 64)))
+        except BlockingIOError:
+            print(0)
+    """, memory_mb=256, timeout_s=10)
+    assert r.status in ("ok", "memory"), r.stderr
+    if r.status == "ok":
+        assert int(r.stdout.split()[-1]) <= 2
+
+
+def test_memfds_count_against_the_job(sb):
+    """memfds of 8 MiB each (under the file-size limit) up to 192 MiB under memory_mb=128."""
+    r = _run(sb, """
+        import os
+        held = 0
+        chunk = b"x" * (8 << 20)
+        for _ in range(24):
+            held += os.write(os.memfd_create("m"), chunk)
+        print(held >> 20)
+    """, memory_mb=128)
+    assert r.status in ("memory", "error", "killed") or int(r.stdout.split()[-1]) < 128
+
+
+def test_code_scorer_jobs_fit_the_memory_budget():
+    """4 jobs asking 256 MiB under a 300 MiB budget run one at a time; a job asking more than
+    the budget gets the budget."""
+    box = Sandbox(4, memory_budget_mb=300)
+    prog = ("import time\nprint(time.time(), flush=True)\ntime.sleep(0.3)\n"
+            "print(time.time(), flush=True)")
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: box.run(prog, memory_mb=256), range(4)))
+        spans = sorted(tuple(map(float, r.stdout.split())) for r in results)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+        big = box.run("x = bytearray(400 << 20)\nprint('ok')", memory_mb=1 << 20)
+        assert big.status == "memory"
+    finally:
+        box.close()
+    default = Sandbox(1)
+    assert default.memory.total_mb <= runner.memory_available_mb() // 2
+    default.close()
+
+
+# ------------------------------------------------------------------------------ side channels
+def test_host_unix_socket_in_tmp_is_unreachable(sb):
+    path = f"/tmp/rw-attack-{secrets.token_hex(4)}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen()
+    server.setblocking(False)
+    try:
+        r = _run(sb, f"""
+            import socket
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect({path!r})
+                print("connected")
+            except OSError as e:
+                print(type(e).__name__)
+        """)
+        assert "connected" not in r.stdout
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        server.close()
+        os.unlink(path)
+
+
+def test_no_user_namespace_inside_the_job(sb):
+    r = _run(sb, """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        print(libc.unshare(0x10000000), libc.unshare(0x00020000))  # NEWUSER, NEWNS
+    """)
+    assert r.stdout.split() == ["-1", "-1"]
+
+
+# ------------------------------------------------------------------------------ check.py
+def test_every_guarantee_holds_under_full(sb):
+    outcomes = check.check(sb)
+    report, ok = check.format_report(sb, outcomes)
+    assert ok, report
+    assert [o.name for o in outcomes] == list(check.GUARANTEES)
+    assert all(o.holds for o in outcomes), report
+
+
+def test_the_attacks_break_an_unisolated_child():
+    """Without isolation each attack but the environment one succeeds: the checks can fail."""
+    box = Sandbox(2, isolation="none")
+    try:
+        outcomes = {o.name: o for o in check.check(box)}
+        report, ok = check.format_report(box, list(outcomes.values()))
+    finally:
+        box.close()
+    assert ok, report  # "none" promises only a clean environment ...
+    broken = {name for name, o in outcomes.items() if not o.holds}
+    assert broken == set(check.GUARANTEES) - {"env_clean"}, report  # ... and it keeps to that
+
+
+# ------------------------------------------------------------------------------ fail closed
+def test_missing_bwrap_refuses_to_run(monkeypatch):
+    monkeypatch.setattr(jail, "find_bwrap", lambda: None)
+    box = Sandbox(1)
+    with pytest.raises(IsolationUnavailable, match="bubblewrap .* not installed"):
+        box.run("print(1)")
+    box.close()
+
+
+def test_missing_cgroups_refuse_full_but_not_namespaces(monkeypatch):
+    def no_cgroups():
+        raise cgroup_module.CgroupUnavailable("no memory controller (test)")
+
+    monkeypatch.setattr(runner, "JobCgroups", no_cgroups)
+    box = Sandbox(1)
+    with pytest.raises(IsolationUnavailable, match="'full'.*no memory controller"):
+        box.run("print(1)")
+    monkeypatch.setenv("ROUTEWEAVER_SANDBOX", "namespaces")
+    weaker = Sandbox(1)
+    try:
+        assert weaker.run("print(1)").stdout == "1\n"
+        assert weaker.isolation.level == "namespaces" and not weaker.isolation.whole_job_limits
+    finally:
+        weaker.close()
+        box.close()
+
+
+def test_unknown_level_is_an_error(monkeypatch):
+    with pytest.raises(SandboxError, match="isolation='strict'"):
+        Sandbox(1, isolation="strict")
+    monkeypatch.setenv("ROUTEWEAVER_SANDBOX", "loose")
+    with pytest.raises(SandboxError, match="ROUTEWEAVER_SANDBOX='loose'"):
+        Sandbox(1)
+
+
+def test_unavailable_isolation_ends_grading_instead_of_marking_rows_infra():
+    def scorer(*args):
+        raise IsolationUnavailable("sandbox: isolation 'full' is not available (test)")
+
+    traj = types.SimpleNamespace(record=types.SimpleNamespace(
+        scorer_dataset="stdin", gold=(), meta={"tests": []}))
+    with pytest.raises(IsolationUnavailable):
+        reward_module._call_scorer(scorer, traj, "print(1)")
+    result, error = reward_module._call_scorer(
+        lambda *a: (_ for _ in ()).throw(SandboxError("flaky")), traj, "print(1)")
+    assert result is None and "flaky" in error
+
+
+def test_the_harness_is_a_real_module_file():
+    argv = jail.bwrap_argv("bwrap", {}, ["{}"])
+    assert "-c" not in argv and argv[-2] == jail.HARNESS
+    assert f"{jail._CHILD_SOURCE}" in argv and jail._CHILD_SOURCE.is_file()
 
 
 # ------------------------------------------------------------------------------ scored wrong
@@ -330,7 +358,8 @@ ATTACKS = {
     "infinite_loop": "while True:\n    pass",
     "memory_hog": "x = bytearray(64 << 30)\nprint('ok')",
     "socket": "import socket\nsocket.create_connection(('127.0.0.1', 9))\nprint('ok')",
-    "write_outside": "open('/tmp/routeweaver-attack.txt', 'w').write('x')\nprint('ok')",
+    "write_outside": "import _io\n_io.FileIO('/tmp/routeweaver-attack.txt', 'w').write(b'x')\n"
+                     "print('ok')",
     "env_secret": "import os\nprint(os.environ.get('OPENROUTER_API_KEY', 'none'))",
     "kill_parent": "import os\nos.kill(os.getppid(), 9)\nprint('ok')",
     "fake_setup_failure": "import os\nos.write(2, b'setup failed')\nos._exit(97)",
@@ -353,3 +382,25 @@ def test_attacks_are_scored_wrong(name, monkeypatch):
     assert not stdin.correct and not apps.correct
     assert time.monotonic() - t0 < 10
     assert not os.path.exists("/tmp/routeweaver-attack.txt")
+
+
+def test_secrets_stay_out_of_a_separate_parent_process():
+    """A parent process holding an API key from its start: the job sees neither its
+    environment nor the key (the jail's /proc has only the job's own processes)."""
+    parent = textwrap.dedent("""
+        import json, sys
+        from jax_routeweaver.rewards.sandbox import Sandbox
+        box = Sandbox(1)
+        r = box.run(sys.argv[1], timeout_s=5)
+        print(json.dumps({"status": r.status, "out": r.stdout + r.stderr}))
+    """)
+    program = ("import os\nfor pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+               "    for f in ('environ', 'cmdline'):\n        try:\n"
+               "            print(open(f'/proc/{pid}/{f}', 'rb').read())\n"
+               "        except OSError:\n            pass\nprint(dict(os.environ))")
+    proc = subprocess.run([sys.executable, "-c", parent, program],
+                          env=dict(os.environ, OPENROUTER_API_KEY=SECRET), capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok" and SECRET not in result["out"]

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from jax_routeweaver.data.records import CODE_SCORER_DATASETS
+from jax_routeweaver.rewards.sandbox import IsolationUnavailable
 from jax_routeweaver.rewards.scorers.registry import ScoreResult, score
 from jax_routeweaver.routing.episode import Trajectory
 from jax_routeweaver.routing.grammar import SELECTOR_VIOLATIONS, Violation
@@ -208,12 +209,12 @@ def _call_scorer(scorer: Scorer, traj: Trajectory, text: str
     """(result, "") or (None, error description) when the scorer raised.
 
     Every exception is a sandbox error (infra, never "wrong"), an unknown scorer's KeyError
-    included (§5.3), except ImportError: a broken install would otherwise silently drop every
-    row as infra."""
+    included (§5.3), except ImportError and IsolationUnavailable: a broken install or a host
+    without the sandbox's isolation would otherwise silently drop every code row as infra."""
     record = traj.record
     try:
         return scorer(record.scorer_dataset, text, list(record.gold), record.meta), ""
-    except ImportError:
+    except (ImportError, IsolationUnavailable):
         raise
     except Exception as e:
         return None, f"{type(e).__name__}: {e}"

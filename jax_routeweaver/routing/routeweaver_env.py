@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.rewards.feedback import aexecution_verdict
-from jax_routeweaver.rewards.sandbox import Sandbox
+from jax_routeweaver.rewards.sandbox import IsolationUnavailable, Sandbox
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.answers import extract_answer
@@ -146,7 +146,7 @@ class RouteWeaverEnv:
     async def inspect(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> None:
         """§5.6: run each successful executor reply's program (concurrently, in the sandbox);
         keep the verdict by node id. A harness failure is recorded (`exec_sandbox_error`, an
-        infra class of the reward)."""
+        infra class of the reward); a host without the sandbox's isolation ends the run."""
         if not self.cfg.execution_feedback:
             return
         executors = [c for c in calls if c.success and c.role == g.Role.EXECUTOR]
@@ -155,6 +155,8 @@ class RouteWeaverEnv:
             meta=self.record.meta, sandbox=self.cfg.sandbox) for c in executors),
             return_exceptions=True)
         for call, verdict in zip(executors, verdicts, strict=True):
+            if isinstance(verdict, IsolationUnavailable):
+                raise verdict
             if isinstance(verdict, BaseException):  # any harness failure makes the row infra
                 self._harness_errors.append(f"exec_sandbox_error:{type(verdict).__name__}")
             elif verdict is not None:

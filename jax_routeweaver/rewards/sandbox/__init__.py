@@ -1,0 +1,39 @@
+"""Run untrusted Python (generated programs) isolated from the host, limited as a whole job.
+
+    runner.py   `Sandbox`: the job API (run, run_tests, run_function; sync and async), the
+                isolation levels, the memory budget, statuses
+    jail.py     the bubblewrap command line: namespaces and a mount tree of the interpreter
+    cgroup.py   one control group per job: memory, tasks and CPU over the whole process tree
+    child.py    the harness that runs first inside the jail (standard library only)
+    check.py    `routeweaver sandbox check`: attacks that test each guarantee on this host
+
+What each isolation level guarantees, and on which host set-up: docs/sandbox.md.
+"""
+
+from jax_routeweaver.rewards.sandbox.runner import (
+    ISOLATION_ENV,
+    CallResult,
+    FunctionRunResult,
+    Isolation,
+    IsolationUnavailable,
+    RunResult,
+    Sandbox,
+    SandboxError,
+    default_sandbox,
+    run_function,
+    run_python,
+)
+
+__all__ = [
+    "ISOLATION_ENV",
+    "CallResult",
+    "FunctionRunResult",
+    "Isolation",
+    "IsolationUnavailable",
+    "RunResult",
+    "Sandbox",
+    "SandboxError",
+    "default_sandbox",
+    "run_function",
+    "run_python",
+]

@@ -1,0 +1,126 @@
+"""The jail: bubblewrap's namespaces around a mount tree that holds only the interpreter.
+
+`bwrap_argv` builds the command line of one job. What the program sees:
+
+    /                       a fresh tmpfs, read-only once set up
+    /usr/lib, /lib*, ...    the system's shared libraries, read-only
+    <stdlib>                this interpreter's standard library, read-only; its
+                            site-packages (and Debian's dist-packages) covered by empty,
+                            read-only tmpfs: the program imports the standard library only
+    <python>                the interpreter binary (and libpython, when shared), read-only
+    /.sandbox/child.py      the harness (`child.py`), read-only
+    /sandbox                the working directory and HOME: an empty tmpfs of `SCRATCH_BYTES`
+    /tmp, /dev/shm          empty tmpfs of `SCRATCH_BYTES` each
+    /proc                   the job's own PID namespace only
+    /dev                    null, zero, full, random, urandom, tty, pts
+
+Nothing else of the host exists inside: no /etc, no home directories, no project checkout,
+no data files, no other process. Namespaces: user (no capabilities, nested user namespaces
+refused), mount, PID (the job's processes die with its init), network (loopback only, down;
+abstract unix sockets are per network namespace), IPC, UTS and cgroup. Everything written
+lives in the jail's tmpfs and is gone when the job ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import site
+import sys
+import sysconfig
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["HARNESS", "SCRATCH_BYTES", "WORKDIR", "bwrap_argv", "find_bwrap", "readable_paths"]
+
+HARNESS = "/.sandbox/child.py"  # the harness's path inside the jail
+WORKDIR = "/sandbox"
+SCRATCH_BYTES = 64 << 20  # each writable tmpfs; its pages count against the job's memory too
+_ROOT_BYTES = 1 << 20  # the skeleton of mount points
+_SANDBOX_UID = 65534  # "nobody" inside; outside, the user namespace maps it to the caller
+_SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64",
+                "/lib32", "/libx32")
+_LOADER_CACHE = "/etc/ld.so.cache"
+_CHILD_SOURCE = Path(__file__).with_name("child.py")
+
+
+@functools.cache
+def find_bwrap() -> str | None:
+    """The `bwrap` executable, looked up once."""
+    return shutil.which("bwrap") or shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin")
+
+
+def interpreter() -> str:
+    """The base interpreter (a virtual environment's python is a link to it)."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _python_paths() -> tuple[list[str], list[str]]:
+    """(paths to bind, site-packages dirs to cover) of the base interpreter."""
+    exe = interpreter()
+    scheme = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+    binds = [exe, scheme["stdlib"], scheme["platstdlib"]]
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and soname:
+        binds.append(os.path.join(libdir, soname))
+    hidden = site.getsitepackages([sys.base_prefix, sys.base_exec_prefix])
+    hidden += ["/usr/lib/python3/dist-packages",
+               f"/usr/lib/python3.{sys.version_info.minor}/dist-packages"]
+    return binds, hidden
+
+
+def readable_paths() -> list[str]:
+    """Every host path the jail binds read-only (for the docs and `sandbox check`)."""
+    out = [d for d in _SYSTEM_LIBS if os.path.isdir(d) and not os.path.islink(d)]
+    if os.path.exists(_LOADER_CACHE):
+        out.append(_LOADER_CACHE)
+    binds, _ = _python_paths()
+    for p in binds:
+        if os.path.exists(p) and not any(_within(p, q) for q in out):
+            out.append(p)
+    return out
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def bwrap_argv(bwrap: str, env: Mapping[str, str], args: list[str], *,
+               user_namespace: bool = True) -> list[str]:
+    """The command line that runs the harness with `args` inside a fresh jail.
+
+    `user_namespace` False leaves out `--unshare-user` (for hosts that forbid user namespaces
+    to this user while allowing bwrap's other namespaces, e.g. a setuid bwrap)."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--hostname", "sandbox", "--clearenv"]
+    if user_namespace:
+        argv += ["--unshare-user", "--disable-userns", "--uid", str(_SANDBOX_UID),
+                 "--gid", str(_SANDBOX_UID)]
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    argv += ["--size", str(_ROOT_BYTES), "--tmpfs", "/"]
+    bound: list[str] = []
+    for d in _SYSTEM_LIBS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+            bound.append(d)
+    if os.path.exists(_LOADER_CACHE):
+        argv += ["--ro-bind", _LOADER_CACHE, _LOADER_CACHE]
+    binds, hidden = _python_paths()
+    for p in binds:
+        if os.path.exists(p) and not any(_within(p, q) for q in bound):
+            argv += ["--ro-bind", p, p]
+            bound.append(p)
+    for p in hidden:
+        if os.path.isdir(p) and any(_within(p, q) for q in bound):
+            argv += ["--size", "4096", "--tmpfs", p, "--remount-ro", p]
+    argv += ["--ro-bind", str(_CHILD_SOURCE), HARNESS,
+             "--proc", "/proc", "--dev", "/dev"]
+    for scratch in ("/tmp", "/dev/shm", WORKDIR):
+        argv += ["--size", str(SCRATCH_BYTES), "--tmpfs", scratch]
+    argv += ["--remount-ro", "/", "--chdir", WORKDIR, interpreter(), "-B", "-s", "-P", HARNESS,
+             *args]
+    return argv
