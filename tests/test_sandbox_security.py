@@ -267,6 +267,43 @@ def test_host_unix_socket_in_tmp_is_unreachable(sb):
         os.unlink(path)
 
 
+def test_the_job_is_not_root_on_the_host(sb):
+    """Seen from the host, the job's processes run under an unprivileged uid (a host uid 0,
+    even without capabilities, may write /proc/sys: the kernel checks the uid alone there)."""
+    import threading
+    marker = f"rwj{secrets.token_hex(4)}"
+    seen: list[int] = []
+
+    def watch():
+        deadline = time.monotonic() + 8
+        while not seen and time.monotonic() < deadline:
+            for entry in os.listdir("/proc"):
+                try:
+                    if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text().strip() \
+                            == marker:
+                        status = Path(f"/proc/{entry}/status").read_text()
+                        seen.append(int(status.split("Uid:")[1].split()[1]))  # effective
+                except (OSError, IndexError):
+                    pass
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    r = _run(sb, f"""
+        import ctypes, time
+        ctypes.CDLL(None).prctl(15, {marker.encode()!r})
+        try:
+            open("/proc/sys/kernel/core_pattern", "r+").close()
+            print("sysctl writable")
+        except OSError as e:
+            print("sysctl", e.errno)
+        time.sleep(1.5)
+    """)
+    watcher.join()
+    assert r.stdout.strip() == "sysctl 13", r.stdout
+    assert seen and seen[0] != 0
+
+
 def test_no_user_namespace_inside_the_job(sb):
     r = _run(sb, """
         import ctypes

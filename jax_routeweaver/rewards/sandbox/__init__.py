@@ -3,6 +3,7 @@
     runner.py   `Sandbox`: the job API (run, run_tests, run_function; sync and async), the
                 isolation levels, the memory budget, statuses
     jail.py     the bubblewrap command line: namespaces and a mount tree of the interpreter
+    launch.py   starts the jail: joins the job's cgroups, drops to a fresh uid (as root)
     cgroup.py   one control group per job: memory, tasks and CPU over the whole process tree
     child.py    the harness that runs first inside the jail (standard library only)
     check.py    `routeweaver sandbox check`: attacks that test each guarantee on this host

@@ -7,7 +7,7 @@ absent, no process with the job's marker is alive):
     host_unreadable   no host file, directory or process beyond the interpreter is readable
     writes_vanish     what the job writes (working dir, /tmp, /dev/shm) is gone afterwards
     no_network        no TCP, UDP, path-named or abstract unix socket reaches the host
-    no_privilege      no capabilities, no new user namespace, no setuid
+    no_privilege      no capabilities, no uid 0, no host sysctl, no new user namespace
     env_clean         no environment variable of the host (API keys) reaches the job
     leftovers_killed  a double-forked, SIGTERM-ignoring daemon does not outlive the job
     memory_whole_job  the job's processes together hold at most `memory_mb`
@@ -161,7 +161,8 @@ def no_network(sb: Sandbox) -> Outcome:
 
 
 def no_privilege(sb: Sandbox) -> Outcome:
-    """Capabilities, a new user namespace (with full capabilities inside it), setuid(0)."""
+    """Capabilities, setuid(0), writable host sysctls (/proc/sys checks the host uid alone),
+    a new user namespace (with full capabilities inside it)."""
     result = _run(sb, """
         import ctypes, json, os
         libc = ctypes.CDLL(None, use_errno=True)
@@ -172,16 +173,22 @@ def no_privilege(sb: Sandbox) -> Outcome:
         except OSError:
             pass
         got["root"] = os.geteuid() == 0
+        try:  # host-wide settings that check the uid alone (opened, never written)
+            open("/proc/sys/kernel/core_pattern", "r+").close()
+            got["sysctl"] = True
+        except OSError:
+            got["sysctl"] = False
         got["userns"] = libc.unshare(0x10000000) == 0  # last: it changes our uid
         print(json.dumps(got))
     """)
     got = _last_json(result)
     holds = (int(got["cap_eff"], 16) == 0 and got["no_new_privs"] == "1"
-             and not got["userns"] and not got["root"])
+             and not got["userns"] and not got["root"] and not got["sysctl"])
     return Outcome("no_privilege", holds,
                    f"CapEff {got['cap_eff']}, NoNewPrivs {got['no_new_privs']}, new user "
                    f"namespace {'created' if got['userns'] else 'refused'}, uid 0 "
-                   f"{'held' if got['root'] else 'not held'}")
+                   f"{'held' if got['root'] else 'not held'}, host sysctls "
+                   f"{'writable' if got['sysctl'] else 'read-only'}")
 
 
 def env_clean(sb: Sandbox) -> Outcome:

@@ -16,23 +16,33 @@
 
 Nothing else of the host exists inside: no /etc, no home directories, no project checkout,
 no data files, no other process. Namespaces: user (no capabilities, nested user namespaces
-refused), mount, PID (the job's processes die with its init), network (loopback only, down;
-abstract unix sockets are per network namespace), IPC, UTS and cgroup. Everything written
-lives in the jail's tmpfs and is gone when the job ends.
+refused), mount, PID (the job's processes die with its init), network (its own loopback
+only; abstract unix sockets are per network namespace), IPC, UTS and cgroup. Everything
+written lives in the jail's tmpfs and is gone when the job ends.
+
+`launcher_argv` wraps that command in `launch.py`, which joins the job's cgroups and, when
+this process is root, drops to a fresh unprivileged uid first (`fresh_uid`): bubblewrap then
+runs unprivileged and its user namespace maps the job to that uid, never to root. Host
+directories that uid cannot enter but the jail needs (`exposures`) are re-exposed in a
+private mount namespace, holding only those paths.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
+import secrets
 import shutil
 import site
+import stat
 import sys
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["HARNESS", "SCRATCH_BYTES", "WORKDIR", "bwrap_argv", "find_bwrap", "readable_paths"]
+__all__ = ["HARNESS", "SCRATCH_BYTES", "WORKDIR", "bwrap_argv", "exposures", "find_bwrap",
+           "fresh_uid", "launcher_argv", "readable_paths"]
 
 HARNESS = "/.sandbox/child.py"  # the harness's path inside the jail
 WORKDIR = "/sandbox"
@@ -43,6 +53,7 @@ _SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "
                 "/lib32", "/libx32")
 _LOADER_CACHE = "/etc/ld.so.cache"
 _CHILD_SOURCE = Path(__file__).with_name("child.py")
+_LAUNCHER = Path(__file__).with_name("launch.py")
 
 
 @functools.cache
@@ -71,7 +82,7 @@ def _python_paths() -> tuple[list[str], list[str]]:
 
 
 def readable_paths() -> list[str]:
-    """Every host path the jail binds read-only (for the docs and `sandbox check`)."""
+    """Every host path the jail binds read-only."""
     out = [d for d in _SYSTEM_LIBS if os.path.isdir(d) and not os.path.islink(d)]
     if os.path.exists(_LOADER_CACHE):
         out.append(_LOADER_CACHE)
@@ -79,7 +90,66 @@ def readable_paths() -> list[str]:
     for p in binds:
         if os.path.exists(p) and not any(_within(p, q) for q in out):
             out.append(p)
-    return out
+    return [*out, str(_CHILD_SOURCE)]
+
+
+@functools.cache
+def exposures() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(topmost host directory other users cannot enter, the jail's paths under it), for
+    each such directory (e.g. /root when the interpreter is /root/.pyenv/...)."""
+    groups: dict[str, list[str]] = {}
+    for path in readable_paths():
+        parts = Path(path).parts
+        for k in range(1, len(parts)):
+            ancestor = str(Path(*parts[:k]))
+            if not os.stat(ancestor).st_mode & stat.S_IXOTH:
+                if ancestor == "/":
+                    raise OSError(f"the root directory is closed to other users; {path} "
+                                  f"cannot be exposed")
+                groups.setdefault(ancestor, []).append(path)
+                break
+    return tuple((hidden, tuple(sorted(set(paths)))) for hidden, paths in sorted(groups.items()))
+
+
+def fresh_uid() -> int:
+    """A random uid (and gid) that no account and no process uses, inside this process's uid
+    map: one per job."""
+    import grp
+    import pwd
+    lo, hi = _uid_range()
+    for _ in range(64):
+        uid = lo + secrets.randbelow(hi - lo)
+        try:
+            pwd.getpwuid(uid)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(uid)
+        except KeyError:
+            return uid
+    raise OSError(f"no free uid found in [{lo}, {hi})")
+
+
+def _uid_range() -> tuple[int, int]:
+    """High uids, inside this user namespace's uid map."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            ranges = [tuple(map(int, line.split())) for line in f if line.strip()]
+    except OSError:
+        ranges = [(0, 0, 1 << 32)]
+    for lo, hi in ((200_000, 1 << 30), (40_000, 60_000)):
+        if any(inside <= lo and hi <= inside + count for inside, _, count in ranges):
+            return lo, hi
+    return 40_000, 60_000
+
+
+def launcher_argv(jail_argv: Sequence[str], *, cgroup_procs: Sequence[str],
+                  uid: int | None) -> list[str]:
+    """`jail_argv` started by `launch.py`: cgroups joined, then (root only) the uid drop."""
+    config = {"cgroup_procs": list(cgroup_procs), "uid": uid, "argv": list(jail_argv),
+              "expose": [[h, list(p)] for h, p in exposures()] if uid is not None else []}
+    return [interpreter(), "-S", "-I", str(_LAUNCHER), json.dumps(config)]
 
 
 def _within(path: str, root: str) -> bool:

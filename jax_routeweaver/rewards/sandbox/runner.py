@@ -72,7 +72,7 @@ ISOLATION_ENV = "ROUTEWEAVER_SANDBOX"
 FSIZE_BYTES = 16 << 20  # RLIMIT_FSIZE, as the reference
 NOFILE = 256
 NPROC = 32  # tasks (processes + threads) the program may have, under "full"
-_LAUNCHER_TASKS = 2  # bwrap (the cgroup join shell execs into it) and the jail's init
+_LAUNCHER_TASKS = 2  # bwrap (the launcher execs into it) and the jail's init
 STARTUP_TIMEOUT_S = 15.0  # from spawn until the harness is ready (a slow host, not the program)
 MAX_OUTPUT_BYTES = 16 << 20  # stdout kept; more kills the child (status "killed")
 STDERR_KEEP_BYTES = 64 << 10  # the tail of stderr that is kept
@@ -81,10 +81,6 @@ _SETUP_FAILED = 97  # the harness's exit code when its limits could not be set
 _CHILD = Path(__file__).with_name("child.py")
 _LAUNCHER_PATH = "/usr/local/bin:/usr/bin:/bin"
 _MEMORY_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*MemoryError\b")
-# Joins the job cgroups (the files after the count), then becomes the jail: everything the
-# jail starts is born inside them.
-_JOIN_CGROUPS = ('n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 96; shift; '
-                 'n=$((n - 1)); done; exec "$@"')
 
 
 class SandboxError(RuntimeError):
@@ -497,11 +493,11 @@ class Sandbox:
                                                               dir=self.tmp_root)
             try:
                 if iso.jailed:
-                    argv = jail.bwrap_argv(iso.bwrap or "bwrap", _child_env(jail.WORKDIR),
-                                           [config])
-                    if group is not None:
-                        argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh",
-                                str(len(group.procs_files)), *group.procs_files, *argv]
+                    argv = jail.launcher_argv(
+                        jail.bwrap_argv(iso.bwrap or "bwrap", _child_env(jail.WORKDIR),
+                                        [config]),
+                        cgroup_procs=group.procs_files if group is not None else (),
+                        uid=jail.fresh_uid() if os.geteuid() == 0 else None)
                     cwd, env = "/", {"PATH": _LAUNCHER_PATH}
                 else:
                     cwd = os.path.join(holder, "work")

@@ -1,0 +1,94 @@
+"""The launcher: joins the job's cgroups, drops to the job's own uid, then becomes the jail.
+
+Run as `python -S -I launch.py CONFIG_JSON` (standard library only; CONFIG is built by
+`jail.launcher_argv`). In order:
+
+1. join the job's cgroups (`cgroup_procs`): everything started from here on is counted there;
+2. as root, with a job uid (`uid`): in a private mount namespace, lay a tmpfs over each host
+   directory other users cannot enter (e.g. /root, when the interpreter lives in
+   /root/.pyenv) and bind back only the paths the jail needs (`expose`), so that the job uid
+   can reach them and nothing else there; then drop to that uid: no capability, no
+   supplementary group. The jail's user namespace then maps its uid to this unprivileged
+   host uid, never to root (a process whose host uid is root may write /proc/sys and other
+   files that check the uid alone);
+3. `execv` bubblewrap (`argv`).
+
+Any failure exits with code 96 and one line on stderr, before the harness is ready: the
+sandbox reports it as a set-up failure (`SandboxError`).
+"""
+
+import ctypes
+import json
+import os
+import sys
+
+LAUNCH_FAILED = 96
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
+STAGE = "/tmp"  # a private tmpfs goes here to hold the binds while a directory is covered
+
+
+def fail(what):
+    os.write(2, f"routeweaver sandbox launch failed: {what}\n".encode())
+    os._exit(LAUNCH_FAILED)
+
+
+def libc_call(libc, name, *args):
+    if getattr(libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        fail(f"{name}{args[:2]}: {os.strerror(err)}")
+
+
+def expose(libc, groups):
+    """`groups`: [[hidden_dir, [paths under it]], ...]: cover each hidden dir with a tmpfs
+    that holds read-only binds of its paths only."""
+    libc_call(libc, "unshare", CLONE_NEWNS)
+    libc_call(libc, "mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
+    libc_call(libc, "mount", b"tmpfs", STAGE.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+              b"mode=700,size=64k")
+    for k, (hidden, paths) in enumerate(groups):
+        stages = []
+        for j, path in enumerate(paths):
+            stage = os.path.join(STAGE, f"{k}-{j}")
+            if os.path.isdir(path):
+                os.mkdir(stage, 0o700)
+            else:
+                os.close(os.open(stage, os.O_CREAT | os.O_WRONLY, 0o600))
+            libc_call(libc, "mount", path.encode(), stage.encode(), None, MS_BIND | MS_REC,
+                      None)
+            stages.append((stage, path))
+        libc_call(libc, "mount", b"tmpfs", hidden.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                  b"mode=755,size=64k")
+        for stage, path in stages:
+            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+            if os.path.isdir(stage):
+                os.mkdir(path, 0o755)
+            else:
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+            libc_call(libc, "mount", stage.encode(), path.encode(), None, MS_MOVE, None)
+
+
+def main():
+    config = json.loads(sys.argv[1])
+    try:
+        for procs in config["cgroup_procs"]:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        uid = config["uid"]
+        if uid is not None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+            if config["expose"]:
+                expose(libc, config["expose"])
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            if os.getresuid() != (uid, uid, uid):
+                fail("the uid drop did not take")
+        os.execv(config["argv"][0], config["argv"])
+    except OSError as e:
+        fail(repr(e))
+
+
+if __name__ == "__main__":
+    main()
