@@ -243,3 +243,20 @@ def test_secrets_are_never_written(tmp_path, monkeypatch):
     text = cache.read_text()
     assert SECRET not in text and "***" in text
     assert SECRET not in call.text  # the run sees what the cache holds
+
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": 1e308, "completion_tokens": 5},
+                                   {"prompt_tokens": 10, "completion_tokens": -1},
+                                   {"prompt_tokens": 10, "completion_tokens": 10 ** 400},
+                                   {"prompt_tokens": "10", "completion_tokens": 5},
+                                   {"prompt_tokens": 10}, "garbage"])
+def test_a_tampered_cached_usage_is_unknown_cost_not_a_crash(usage):
+    from jax_routeweaver.routing.replay import call_from_reply
+
+    reply = {"text": "ok", "success": True, "error": None, "usage": usage,
+             "failed_usage": usage, "latency_s": 0.1, "attempts": 1, "reasoning_chars": 0}
+    call = call_from_reply("worker_1", "p", reply)
+    assert call.usage is None and call.failed_usage is None
+    assert call_from_reply("worker_1", "p", dict(reply, usage={
+        "prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 2})).usage.prompt_tokens \
+        == 10

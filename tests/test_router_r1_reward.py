@@ -205,8 +205,25 @@ def test_raw_cost_in_micro_dollars():
         router_r1_raw_cost([call("worker_9", 1)], prices)
     with pytest.raises(PricingError):
         worker_prices({"Granite-3.0-8B-Instruct": "worker_2"})  # no price in the reference
-    with pytest.raises(ValueError):
-        router_r1_raw_cost([WorkerCall("worker_1", "p", "r", True)], prices)
+    # a successful call without (plausible) usage: the cost is unknown, never a crash
+    assert router_r1_raw_cost([WorkerCall("worker_1", "p", "r", True), call("worker_1", 5)],
+                              prices) is None
+
+
+def test_unknown_cost_leaves_the_window_alone_and_makes_the_row_infra():
+    from jax_routeweaver.rl.router_r1_run import as_rewards
+
+    window = CostWindow()
+    window.update(100.0)
+    record = Record("q1", "RECALL", "nq", "triviaqa", "Who wrote Hamlet?",
+                    ("William Shakespeare",))
+    traj = Trajectory(record, 0, [1], response_ids=[7],
+                      calls=[WorkerCall("worker_1", "p", "r", True)])  # usage unknown
+    r = trajectory_reward(traj, lambda ids: ROUTED, {"worker_1": 0.30}, window,
+                          RouterR1RewardConfig(alpha=0.5))
+    assert r.raw_cost is None and r.cost_score == 0.0 and len(window.state_dict()["values"]) == 1
+    row = as_rewards(traj, r)
+    assert row.infra and not row.clean and not row.cost_complete and row.r_task == 0.0
 
 
 def test_batch_and_trajectory_helpers():

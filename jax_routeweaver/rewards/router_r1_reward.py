@@ -12,8 +12,11 @@ Per trajectory, on the decoded response (policy text and observations, no prompt
            = 0                          otherwise (a wrong answer gets 0 whatever its cost)
 
 The window is updated for every trajectory in batch order, whether or not its cost is used,
-and the current sample is part of its own statistics. Raw cost is Router-R1's: completion
-tokens × $/1M of every successful call, i.e. micro-dollars (§2.4, `router_r1_raw_cost`).
+and the current sample is part of its own statistics; a trajectory whose cost is unknown (a
+successful call without a plausible usage report) leaves the window alone, gets C = 0 and
+raw cost None, and is infra for the trainer (`rl/router_r1_run.as_rewards`). Raw cost is
+Router-R1's: completion tokens × $/1M of every successful call, i.e. micro-dollars (§2.4,
+`router_r1_raw_cost`).
 Keep separate train and validation windows (the reference shares one module-global window and
 never checkpoints it, §4.7); save each with `state_dict()`.
 """
@@ -183,11 +186,13 @@ def worker_prices(model_workers: Mapping[str, str]) -> dict[str, float]:
     return prices
 
 
-def router_r1_raw_cost(calls: Iterable[WorkerCall], prices: Mapping[str, float]) -> float:
+def router_r1_raw_cost(calls: Iterable[WorkerCall], prices: Mapping[str, float]
+                       ) -> float | None:
     """Σ completion_tokens × $/1M over successful calls (micro-dollars; §2.4). Prompt tokens
-    and failed calls cost 0. Raises for an unpriced worker or a successful call without usage.
-    """
+    and failed calls cost 0. None (unknown) if a successful call has no usage (the worker
+    reported none, or an implausible one); raises for an unpriced worker."""
     total = 0.0
+    unknown = False
     for call in calls:
         if not call.success:
             continue
@@ -195,10 +200,10 @@ def router_r1_raw_cost(calls: Iterable[WorkerCall], prices: Mapping[str, float])
             raise PricingError(f"no Router-R1 price for worker {call.worker!r} "
                                f"(priced: {sorted(prices)})")
         if call.usage is None:
-            raise ValueError(f"worker {call.worker!r} replied without usage; Router-R1 cost "
-                             "needs completion tokens")
+            unknown = True
+            continue
         total += call.usage.completion_tokens * prices[call.worker]
-    return total
+    return None if unknown else total
 
 
 # -------------------------------------------------------------------------------- reward
@@ -229,7 +234,7 @@ class RouterR1Reward:
     em: float
     f1: float
     correct: bool
-    raw_cost: float
+    raw_cost: float | None
     cost_score: float
     answer: str | None
     violations: tuple[str, ...]
@@ -248,12 +253,13 @@ def combine(format_value: float, has_answer: bool, correct: bool, outcome: float
     return (1.0 - alpha) * outcome + alpha * cost_value
 
 
-def router_r1_reward(response: str, gold: str | Sequence[str], raw_cost: float,
+def router_r1_reward(response: str, gold: str | Sequence[str], raw_cost: float | None,
                      window: CostWindow,
                      config: RouterR1RewardConfig | None = None) -> RouterR1Reward:
-    """Router-R1's reward for one decoded `response`; updates `window` (always, §3.5)."""
+    """Router-R1's reward for one decoded `response`; updates `window` (§3.5) unless the cost
+    is unknown (`raw_cost` None: then C = 0)."""
     config = config or RouterR1RewardConfig()
-    cost_value = window.update(raw_cost)
+    cost_value = window.update(raw_cost) if raw_cost is not None else 0.0
     violations = tuple(str(v) for v in r1.format_violations(response))
     fmt = format_score(violations)
     answer = r1.extract_answer(response)
@@ -263,12 +269,13 @@ def router_r1_reward(response: str, gold: str | Sequence[str], raw_cost: float,
     correct = outcome == 1.0 if config.metric == "em" else outcome > 0.0
     reward = combine(fmt, answer is not None, correct, outcome, cost_value, config.alpha)
     return RouterR1Reward(reward=reward, format_score=fmt, em=em, f1=f1, correct=correct,
-                          raw_cost=float(raw_cost), cost_score=cost_value, answer=answer,
+                          raw_cost=None if raw_cost is None else float(raw_cost),
+                          cost_score=cost_value, answer=answer,
                           violations=violations, routes=r1.count_routes(response))
 
 
 def score_router_r1_batch(responses: Sequence[str], golds: Sequence[str | Sequence[str]],
-                          raw_costs: Sequence[float], window: CostWindow,
+                          raw_costs: Sequence[float | None], window: CostWindow,
                           config: RouterR1RewardConfig | None = None) -> list[RouterR1Reward]:
     """`router_r1_reward` for each trajectory, in batch order (the window sees them in order).
     """

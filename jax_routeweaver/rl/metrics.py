@@ -258,7 +258,7 @@ def router_r1_metrics(trajs: Sequence[Trajectory], details: Sequence[RouterR1Rew
         "r1/f1": _mean(r.f1 for r in details),
         "r1/format_score": _mean(r.format_score for r in details),
         "r1/format_ok_rate": _mean(float(not r.violations) for r in details),
-        "r1/cost_raw": _mean(r.raw_cost for r in details),
+        "r1/cost_raw": _mean(r.raw_cost for r in details if r.raw_cost is not None),
         "r1/cost_score": _mean(r.cost_score for r in details),
         "r1/routes": _mean(float(r.routes) for r in details),
         "r1/calls": _mean(float(len(t.calls)) for t in trajs),

@@ -106,14 +106,16 @@ def as_rewards(traj: Trajectory, r: RouterR1Reward) -> rw.Rewards:
     ``correct`` is the outcome (EM = 1, or F1 > 0) whatever the format, as upstream reports
     EM; the format gate is in the reward. Failure kinds map onto RouteWeaver's, first match:
     provider_error, parser_error (a format violation), correct, genuine_incorrect.
-    ``cost_usd`` is the raw cost (micro-dollars) in USD."""
+    ``cost_usd`` is the raw cost (micro-dollars) in USD; an unknown cost (a worker's usage
+    missing or implausible) makes the row infra too: its reward cannot be computed."""
     failed = sum(not c.success for c in traj.calls)
-    infra = traj.infra_failed or failed > 0
+    infra = traj.infra_failed or failed > 0 or r.raw_cost is None  # no reward without a cost
     kind = rw.PROVIDER_ERROR if infra else rw.PARSER_ERROR if r.violations \
         else rw.CORRECT if r.correct else rw.GENUINE_INCORRECT
     return rw.Rewards(
         r_task=0.0 if infra else r.reward, r_eff=0.0, infra=infra, s_cost=r.cost_score,
-        cost_usd=r.raw_cost * 1e-6, cost_complete=True, failure_kind=kind,
+        cost_usd=(r.raw_cost or 0.0) * 1e-6, cost_complete=r.raw_cost is not None,
+        failure_kind=kind,
         correct=r.correct and not infra, router_answer_correct=r.correct and not infra,
         em=r.em, f1=r.f1, violation=r.violations[0] if r.violations else None,
         clean=not infra, failed_calls=failed)

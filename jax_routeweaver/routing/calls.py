@@ -31,10 +31,11 @@ class WorkerCall:
 
     `worker`: anonymous id (`worker_K`). `prompt`: the user-message payload sent. `text`: the
     reply's `message.content` stripped ("" on failure). `usage`: of the successful attempt
-    (None if the server reported none). `failed_usage`: usage reported by failed attempts,
-    billed too. `role` / `node`: agentic role and node id (None in single/multi), filled in by
-    the episode runner. `error`: why the call failed, or a note on a successful but empty
-    reply (`final_content_missing`); never contains secrets.
+    (None if the server reported none, or an implausible one: the cost is then unknown).
+    `failed_usage`: usage reported by failed attempts, billed too. `role` / `node`: agentic
+    role and node id (None in single/multi), filled in by the episode runner. `error`: why
+    the call failed, or a note on a successful but empty reply (`final_content_missing`);
+    never contains secrets.
     """
 
     worker: str

@@ -161,10 +161,19 @@ def _usage_json(usage: Usage | None) -> dict[str, int] | None:
     return None if usage is None else dataclasses.asdict(usage)
 
 
+_MAX_TOKENS = 1 << 31  # no single call's count comes near this
+
+
 def _usage(raw: Any) -> Usage | None:
-    return None if raw is None else Usage(int(raw["prompt_tokens"]),
-                                          int(raw["completion_tokens"]),
-                                          int(raw.get("cached_tokens", 0)))
+    """A cached usage; None (cost unknown) if absent or not three counts in [0, 2^31): a
+    hand-edited cache must not bring back an overflowing cost sum."""
+    if not isinstance(raw, dict):
+        return None
+    counts = [raw.get("prompt_tokens"), raw.get("completion_tokens"),
+              raw.get("cached_tokens", 0)]
+    if not all(type(c) is int and 0 <= c < _MAX_TOKENS for c in counts):
+        return None
+    return Usage(*counts)
 
 
 def reply_json(call: WorkerCall) -> dict[str, Any]:

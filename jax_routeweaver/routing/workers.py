@@ -27,6 +27,34 @@ single-key behaviour). An unparseable 200 ends the round. Between rounds the cal
 `round_wait_s` (15 s), doubled if the round sent a request. 401/403 retire the credential (no
 retry, later calls refused); any other status (402, 404, ...) gives up. A failed call is
 `success=False` with empty text, never an exception: the trajectory is flagged infra.
+
+Retry-After: a 429 or 503 that carries `Retry-After` (delay-seconds, or an HTTP-date measured
+against the reply's own `Date`, else the local wall clock) sets that channel's cooldown to it,
+clamped to `RETRY_AFTER_MAX_S` (120 s), and every call to the channel, keyed or not, waits until
+then before its next request (a call whose budget ends first gives up: `budget_exhausted`). An
+absent, negative, past or malformed value is ignored: the class cooldown above applies.
+
+Hostile replies. Worker replies are untrusted input:
+
+- Size: a reply body (any status) is read as a stream and capped at `max_reply_bytes`
+  (`MAX_REPLY_BYTES`, 8 MiB; a chat completion is a few hundred KiB at most) both on the wire
+  and decoded (`peak_reply_bytes` records the most held). The pool decodes `Content-Encoding`
+  itself, never past the cap, so a compression bomb costs at most the cap in memory; it asks
+  for and accepts only gzip and (zlib) deflate. An oversized reply gives up the call without
+  retry: `gave_up: reply_too_large`. A body that cannot be decoded (corrupt, or another
+  encoding) is a network load failure (`network:DecodingError`).
+- Usage: reported token counts must be plausible for the request, otherwise the attempt's
+  usage is treated as not reported (None: the call's cost is unknown, never a crash or a huge
+  bill). A count is plausible if it is an integer-valued finite number >= 0 (a missing field
+  is 0), `completion_tokens` <= the request's `max_tokens`, and `prompt_tokens` <= the length
+  of the JSON request body plus `PROMPT_TEMPLATE_TOKENS` (1024): a tokenizer never needs more
+  than one token per byte of text, plus the chat template's own tokens. Cached tokens are
+  clamped to [0, prompt_tokens] (reference). Implausible usage on a failed attempt is dropped
+  like absent usage; a later success is billed on its own (plausible) usage, as when a
+  timed-out attempt reported nothing.
+- `message.content: null` is a valid empty reply only when the message carries reasoning
+  (`final_content_missing`) or `tool_calls`; otherwise it is an unparseable 200 (retried as
+  above). An empty string `""` stays a successful empty reply.
 """
 
 from __future__ import annotations
@@ -34,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import email.utils
 import hashlib
 import json
 import logging
@@ -41,7 +70,9 @@ import math
 import os
 import re
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -71,6 +102,16 @@ _SECRET_LIKE_KEY = re.compile(r"api_?key|secret|passw|authori[sz]ation|bearer|^k
 
 SPEND_STOP = "spend_stop"
 FINAL_CONTENT_MISSING = "final_content_missing"
+REPLY_TOO_LARGE = "reply_too_large"
+
+# Hostile-reply bounds (module docstring): the default cap on a reply body, wire and decoded;
+# the longest Retry-After honoured; the chat-template tokens a prompt may add to its own bytes.
+MAX_REPLY_BYTES = 8 * 2**20
+RETRY_AFTER_MAX_S = 120.0
+PROMPT_TEMPLATE_TOKENS = 1024
+# The only encodings the pool decodes (itself, under the cap); asked for explicitly so httpx
+# never advertises others (br, zstd) that a server could then use.
+_ACCEPT_ENCODING = "gzip, deflate"
 
 
 class ChannelConfigError(ValueError):
@@ -308,6 +349,19 @@ class _Attempt:
     usage: Usage | None = None
     reasoning_chars: int = 0
     failed_usage: Usage | None = None
+    retry_after_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _UsageLimits:
+    """The most tokens a request's reply can plausibly report (module docstring)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @classmethod
+    def for_body(cls, body: Mapping[str, Any]) -> _UsageLimits:
+        return cls(len(json.dumps(body)) + PROMPT_TEMPLATE_TOKENS, body["max_tokens"])
 
 
 @dataclasses.dataclass
@@ -337,6 +391,8 @@ class _ChannelState:
     """Process-local health of one channel (never persisted)."""
 
     cooldown_until: float = -math.inf
+    # Set by a Retry-After; unlike the cooldown it holds back keyed channels too.
+    retry_after_until: float = -math.inf
     # SHA-256 digests of keys the server rejected (401/403), so the key value is not kept.
     rejected: set[str] = dataclasses.field(default_factory=set)
 
@@ -348,8 +404,9 @@ class HttpWorkerPool:
     both are created in, and tied to, the event loop of the first call. Request body:
     `{model, messages: [{role: user, content: prompt}], temperature, seed, max_tokens}` with
     the channel's `extra_body` merged. `sleep` / `clock` are injectable so tests run fast. If
-    `spend_stop_file` exists, keyed (paid) channels refuse before sending. Raises
-    MissingApiKeyError at construction if a named key variable is unset.
+    `spend_stop_file` exists, keyed (paid) channels refuse before sending. `max_reply_bytes`
+    caps each reply body, on the wire and decoded; `peak_reply_bytes` is the most any reply
+    held. Raises MissingApiKeyError at construction if a named key variable is unset.
     """
 
     def __init__(self, channels: ChannelConfig, *, concurrency: int = 40,
@@ -360,10 +417,11 @@ class HttpWorkerPool:
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  clock: Callable[[], float] = time.monotonic,
                  cooldowns: Cooldowns = Cooldowns(), round_wait_s: float = 15.0,
-                 attempts_per_round: int = 2) -> None:
+                 attempts_per_round: int = 2, max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
         for name, value in (("concurrency", concurrency), ("max_rounds", max_rounds),
                             ("default_max_tokens", default_max_tokens),
-                            ("attempts_per_round", attempts_per_round)):
+                            ("attempts_per_round", attempts_per_round),
+                            ("max_reply_bytes", max_reply_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"HttpWorkerPool {name}={value!r} must be an int >= 1")
         if not total_budget_s > 0:
@@ -385,6 +443,8 @@ class HttpWorkerPool:
         self._cooldowns = cooldowns
         self._round_wait_s = round_wait_s
         self._attempts_per_round = attempts_per_round
+        self._max_reply_bytes = max_reply_bytes
+        self._peak_reply_bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -401,6 +461,11 @@ class HttpWorkerPool:
 
     def description(self, worker: str) -> str:
         return self._channel(worker).description
+
+    @property
+    def peak_reply_bytes(self) -> int:
+        """The most bytes (decoded) the pool has held for one reply body so far."""
+        return self._peak_reply_bytes
 
     async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
                    ) -> WorkerCall:
@@ -497,6 +562,11 @@ class HttpWorkerPool:
             key, refusal = self._credential(channel)
             if refusal is not None:
                 return _GiveUp(refusal)
+            wait = state.retry_after_until - self._clock()
+            if wait > 0:  # the server said when to come back
+                if wait >= deadline - self._clock():
+                    return _GiveUp("budget_exhausted")
+                await self._sleep(wait)
             if channel.api_key_env is None and state.cooldown_until > self._clock():
                 return None
             left = deadline - self._clock()
@@ -517,6 +587,9 @@ class HttpWorkerPool:
                 return None
             load_failures += 1
             state.cooldown_until = max(state.cooldown_until, self._clock() + attempt.cooldown_s)
+            if attempt.retry_after_s is not None:
+                state.retry_after_until = max(state.retry_after_until,
+                                              self._clock() + attempt.retry_after_s)
         return None
 
     def _credential(self, channel: Channel) -> tuple[str | None, str | None]:
@@ -556,13 +629,16 @@ class HttpWorkerPool:
 
     async def _send(self, client: httpx.AsyncClient, channel: Channel, body: dict[str, Any],
                     key: str | None, timeout_s: float) -> _Attempt:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {"Accept-Encoding": _ACCEPT_ENCODING}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         try:
             # httpx's timeout is per phase (connect, each read); asyncio.timeout caps the whole
             # request, so a server that trickles bytes cannot outlive the budget.
             async with asyncio.timeout(timeout_s):
-                response = await client.post(channel.url, json=body, headers=headers,
-                                             timeout=timeout_s)
+                async with client.stream("POST", channel.url, json=body, headers=headers,
+                                         timeout=timeout_s) as response:
+                    raw = await self._read_capped(response)
         except (TimeoutError, httpx.TimeoutException):
             return _Attempt("load_failure", "timeout", self._cooldowns.network_s)
         except httpx.HTTPError as err:
@@ -570,26 +646,57 @@ class HttpWorkerPool:
                          _scrub(f"{type(err).__name__}: {err}", key))
             return _Attempt("load_failure", f"network:{type(err).__name__}",
                             self._cooldowns.network_s)
-        return self._classify(response)
+        if raw is None:
+            return _Attempt("fatal", REPLY_TOO_LARGE)
+        return self._classify(response, raw, _UsageLimits.for_body(body))
 
-    def _classify(self, response: httpx.Response) -> _Attempt:
+    async def _read_capped(self, response: httpx.Response) -> bytes | None:
+        """The decoded body, or None once it exceeds `max_reply_bytes` on the wire or decoded.
+
+        Reads raw chunks and inflates them here with zlib's `max_length`, so no more than the
+        cap (+1 byte, to detect the overflow) is ever decoded.
+        """
+        cap = self._max_reply_bytes
+        declared = response.headers.get("content-length", "").strip()
+        if declared.isascii() and declared.isdigit() and int(declared) > cap:
+            return None
+        decoder = _decoder(response.headers.get("content-encoding"))
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            if response.num_bytes_downloaded > cap:
+                return None
+            if decoder is not None:
+                try:
+                    chunk = decoder.decompress(chunk, cap + 1 - len(body))
+                except zlib.error:
+                    raise httpx.DecodingError("malformed compressed body") from None
+            body += chunk
+            self._peak_reply_bytes = max(self._peak_reply_bytes, len(body))
+            if len(body) > cap:
+                return None
+        return bytes(body)
+
+    def _classify(self, response: httpx.Response, raw: bytes, limits: _UsageLimits
+                  ) -> _Attempt:
         status = response.status_code
-        data = _json_or_none(response.content)
+        data = _json_or_none(raw)
         if status == 200:
-            reply = _parse_reply(data)
+            reply = _parse_reply(data, limits)
             if reply is None:
                 return _Attempt("unparseable", "unparseable_200",
-                                failed_usage=_failed_usage(data))
+                                failed_usage=_failed_usage(data, limits))
             return reply
         code = f"http_{status}"
-        failed = _failed_usage(data)
+        failed = _failed_usage(data, limits)
         cooldowns = self._cooldowns
         if status in (401, 403):
             return _Attempt("auth", code, failed_usage=failed)
-        if status == 429:
-            return _Attempt("load_failure", code, cooldowns.rate_limit_s, failed_usage=failed)
-        if status == 503:
-            return _Attempt("load_failure", code, cooldowns.capacity_s, failed_usage=failed)
+        if status in (429, 503):
+            retry_after = _retry_after_s(response.headers)
+            default = cooldowns.rate_limit_s if status == 429 else cooldowns.capacity_s
+            return _Attempt("load_failure", code,
+                            default if retry_after is None else retry_after,
+                            failed_usage=failed, retry_after_s=retry_after)
         if status >= 500:
             return _Attempt("load_failure", code, cooldowns.server_error_s, failed_usage=failed)
         return _Attempt("fatal", code, failed_usage=failed)
@@ -646,8 +753,45 @@ def _json_or_none(raw: bytes) -> Any:
         return None
 
 
-def _parse_reply(data: Any) -> _Attempt | None:
-    """The observation is `choices[0].message.content` stripped, only; None if malformed."""
+def _decoder(encoding: str | None) -> zlib._Decompress | None:
+    """A zlib decompressor for the reply's Content-Encoding (None: identity)."""
+    name = (encoding or "identity").strip().lower()
+    if name == "identity":
+        return None
+    if name in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if name == "deflate":
+        return zlib.decompressobj()
+    # The value is not shown: a hostile server could echo the key back in it.
+    raise httpx.DecodingError("unsupported content-encoding")
+
+
+def _retry_after_s(headers: httpx.Headers) -> float | None:
+    """Seconds a reply's Retry-After asks for, at most RETRY_AFTER_MAX_S; None if absent,
+    negative, in the past or malformed. An HTTP-date is measured against the reply's Date."""
+    value = headers.get("retry-after", "").strip()
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        return min(float(value), RETRY_AFTER_MAX_S)
+    when, now = _http_date(value), _http_date(headers.get("date", ""))
+    if when is None:
+        return None
+    seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return min(seconds, RETRY_AFTER_MAX_S) if seconds >= 0 else None
+
+
+def _http_date(value: str) -> datetime | None:
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _parse_reply(data: Any, limits: _UsageLimits) -> _Attempt | None:
+    """The observation is `choices[0].message.content` stripped, only; None if malformed.
+
+    `content: null` is an empty reply only beside reasoning or tool calls; alone it is
+    malformed."""
     if not isinstance(data, dict):
         return None
     choices = data.get("choices")
@@ -656,50 +800,64 @@ def _parse_reply(data: Any) -> _Attempt | None:
     message = choices[0].get("message")
     if not isinstance(message, dict):
         return None
-    content = message.get("content")
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        return None
     # vLLM and OpenRouter name it `reasoning`, DeepSeek-style APIs `reasoning_content`.
     reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
     reasoning_chars = len(reasoning) if isinstance(reasoning, str) else 0
-    return _Attempt("ok", "ok", text=content.strip(), usage=_parse_usage(data.get("usage")),
+    content = message.get("content")
+    if content is None and (reasoning_chars or message.get("tool_calls")):
+        content = ""
+    if not isinstance(content, str):
+        return None
+    return _Attempt("ok", "ok", text=content.strip(),
+                    usage=_parse_usage(data.get("usage"), limits),
                     reasoning_chars=reasoning_chars)
 
 
-def _parse_usage(raw: Any) -> Usage | None:
-    """Usage from an OpenAI-style `usage` object; None if absent or malformed.
+def _parse_usage(raw: Any, limits: _UsageLimits) -> Usage | None:
+    """Usage from an OpenAI-style `usage` object; None if absent, malformed or implausible
+    (a count above `limits`, negative, non-finite or fractional: module docstring).
 
     Cached tokens come from `prompt_cache_hit_tokens` or `prompt_tokens_details.cached_tokens`
     (providers that send both report the same number twice), clamped to [0, prompt_tokens].
     """
     if not isinstance(raw, dict) or not ({"prompt_tokens", "completion_tokens"} & set(raw)):
         return None
-    prompt = _token_count(raw.get("prompt_tokens"))
-    completion = _token_count(raw.get("completion_tokens"))
+    prompt = _token_count(raw.get("prompt_tokens"), limits.prompt_tokens)
+    completion = _token_count(raw.get("completion_tokens"), limits.completion_tokens)
     if prompt is None or completion is None:
+        # The values are not shown: a hostile server could echo the key back in them.
+        logger.warning("worker reported implausible usage (limits: %d prompt, %d completion "
+                       "tokens); its cost is unknown", limits.prompt_tokens,
+                       limits.completion_tokens)
         return None
     cached_raw = raw.get("prompt_cache_hit_tokens")
     if cached_raw is None:
         details = raw.get("prompt_tokens_details")
         cached_raw = details.get("cached_tokens") if isinstance(details, dict) else None
-    cached = _token_count(cached_raw) or 0
-    return Usage(prompt, completion, min(cached, prompt))
+    cached = cached_raw if _is_finite_number(cached_raw) else 0
+    return Usage(prompt, completion, min(max(0, int(cached)), prompt))
 
 
-def _token_count(value: Any) -> int | None:
-    """A reported token count: missing -> 0, negative -> 0, non-number -> None."""
+def _token_count(value: Any, limit: int) -> int | None:
+    """A reported token count: missing -> 0; an integer-valued number in [0, limit] -> itself;
+    anything else -> None."""
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not _is_finite_number(value) or value != int(value) or not 0 <= value <= limit:
         return None
-    return max(0, int(value))
+    return int(value)
 
 
-def _failed_usage(data: Any) -> Usage | None:
-    """Usage reported by a failed attempt (billed too); None if absent or 0/0."""
-    usage = _parse_usage(data.get("usage")) if isinstance(data, dict) else None
+def _is_finite_number(value: Any) -> bool:
+    # An int is finite whatever its size (math.isfinite would overflow converting it).
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _failed_usage(data: Any, limits: _UsageLimits) -> Usage | None:
+    """Usage reported by a failed attempt (billed too); None if absent, implausible or 0/0."""
+    usage = _parse_usage(data.get("usage"), limits) if isinstance(data, dict) else None
     if usage is None or (usage.prompt_tokens == 0 and usage.completion_tokens == 0):
         return None
     return usage

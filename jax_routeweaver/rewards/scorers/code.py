@@ -70,7 +70,7 @@ CODE_SCORERS = frozenset({"stdin", "apps_functional", "livecodebench", "taco_mm"
 PER_TEST_TIMEOUT_S = 6.0
 LCB_TOTAL_TIMEOUT_S = 90.0
 APPS_TOTAL_TIMEOUT_S = 30.0
-MEMORY_MB = 4096  # RLIMIT_AS 4 GiB, as the reference
+MEMORY_MB = 4096  # per job, as the reference; concurrent jobs share the sandbox memory budget
 RECURSION_LIMIT = 100_000
 LCB_PRELUDE = ("import collections\nimport heapq\nimport itertools\nimport math\n"
                "import functools\nimport bisect\nimport re\nimport string\n"
