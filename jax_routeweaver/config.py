@@ -4,8 +4,14 @@ Schemas are plain dataclasses defined elsewhere; this module only knows how to v
 mapping against their field annotations. It sits at the bottom of the import layering: stdlib
 and yaml only, nothing from `jax_routeweaver`.
 
-Every `ConfigError` message starts with the source (a file path, "<overrides>" or "<dict>") and
-the dotted key, e.g. ``configs/a.yaml: optim.lr: expected a number, got 'abc' (str)``.
+Every `ConfigError` message is one line that starts with the source and the dotted key, e.g.
+``configs/a.yaml:7: optim.lr: expected a number, got 'abc' (str)``. The source is the file and
+line that set the key, ``override 'optim.lr=abc'`` for a ``key=value`` override, "<defaults>"
+or "<dict>".
+
+Numeric fields declare their valid range where they are declared, with :func:`bounded`
+(``lr: float = bounded(1e-6, "(0, inf)")``); the loader checks every value it reads against it
+(``optim.lr: must be in (0, inf), got -1.0 (float)``).
 
 YAML notes: PyYAML follows YAML 1.1, which reads ``1e-6`` as a string, so numeric strings are
 accepted for int and float fields. A top-level ``extends: <path>`` names a base file (relative
@@ -33,7 +39,7 @@ import yaml
 T = TypeVar("T")
 
 _SECRET_KEY = re.compile(
-    r"api_key|apikey|secret|password|passwd|token$|_token|authorization|bearer", re.IGNORECASE)
+    r"api_key|apikey|secret|password|passwd|token$|_token(?!s)|authorization|bearer", re.IGNORECASE)
 # Tokenizer special tokens ("<|endoftext|>") are vocabulary, not credentials.
 _SPECIAL_TOKEN_KEY = re.compile(r"(pad|bos|eos|unk|sep|cls|mask|stop)_token", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -45,6 +51,78 @@ class ConfigError(ValueError):
 
 def _error(source: str, key: str, message: str) -> ConfigError:
     return ConfigError(f"{source}: {key}: {message}" if key else f"{source}: {message}")
+
+
+RANGE = "range"  # the `dataclasses.Field.metadata` key of a field's `Range`
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A set of valid numbers: intervals joined by "or", each ``[lo, hi]`` (closed), ``(lo, hi)``
+    (open), mixed, or a single number; ``inf`` / ``-inf`` are unbounded, e.g. ``"(0, 1]"``,
+    ``"[1, inf)"``, ``"-1 or [1, inf)"``. NaN is never in a range. `str()` gives `spec`."""
+
+    spec: str
+    intervals: tuple[tuple[float, float, bool, bool], ...]  # (lo, hi, lo_open, hi_open)
+
+    @classmethod
+    def parse(cls, spec: str) -> Range:
+        """Parse `spec` (ValueError if malformed or empty, e.g. ``"[2, 1]"``)."""
+        intervals = []
+        for part in (p.strip() for p in spec.split(" or ")):
+            match = re.fullmatch(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])", part)
+            try:
+                if match:
+                    lo, hi = float(match[2]), float(match[3])
+                    intervals.append((lo, hi, match[1] == "(", match[4] == ")"))
+                else:
+                    intervals.append((float(part), float(part), False, False))
+            except ValueError:
+                raise ValueError(f"range {spec!r}: cannot parse {part!r}") from None
+            lo, hi, lo_open, hi_open = intervals[-1]
+            if not (lo < hi or (lo == hi and not lo_open and not hi_open)):
+                raise ValueError(f"range {spec!r}: {part!r} is empty")
+        return cls(spec, tuple(intervals))
+
+    def __contains__(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        return any((lo < value if lo_open else lo <= value)
+                   and (value < hi if hi_open else value <= hi)
+                   for lo, hi, lo_open, hi_open in self.intervals)
+
+    def __str__(self) -> str:
+        return self.spec
+
+
+def bounded(default: Any, valid: str) -> Any:
+    """A dataclass field defaulting to `default` whose numbers must lie in `valid` (a `Range`
+    spec, checked here for `default`); the loader checks each value it reads (the items of a
+    list, the values of a mapping; None and non-numbers pass). A dict default is copied per
+    instance."""
+    valid_range = Range.parse(valid)
+    _check_range(valid_range, default, lambda _key: "bounded", "default")
+    metadata = {RANGE: valid_range}
+    if isinstance(default, dict | list):
+        return dataclasses.field(default_factory=functools.partial(copy.deepcopy, default),
+                                 metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_range(f: dataclasses.Field) -> Range | None:
+    """The `Range` declared with `bounded` for field `f`, or None."""
+    return f.metadata.get(RANGE)
+
+
+def _check_range(valid: Range, value: Any, src: Callable[[str], str], key: str) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_range(valid, v, src, _join(key, str(k)))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_range(valid, v, src, f"{key}[{i}]")
+    elif isinstance(value, int | float) and not isinstance(value, bool) and value not in valid:
+        raise _error(src(key), key, f"must be in {valid}, {_got(value, key)}")
 
 
 def _is_secret_key(key: object) -> bool:
@@ -96,6 +174,8 @@ def _build(cls: type[T], data: Any, src: Callable[[str], str], prefix: str) -> T
         key = _join(prefix, f.name)
         if f.name in data:
             kwargs[f.name] = _convert(hints[f.name], data[f.name], src, key)
+            if (valid := field_range(f)) is not None:
+                _check_range(valid, kwargs[f.name], src, key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise _error(src(key), key, "missing required field")
     try:
@@ -204,9 +284,10 @@ def from_dict(cls: type[T], data: Mapping, *, source: str = "<dict>", prefix: st
     """Build dataclass `cls` from `data`, validating against its field annotations.
 
     Missing fields take their defaults; unknown keys, missing required fields, values of the
-    wrong type and `ValueError`/`TypeError` from `__post_init__` raise ConfigError naming
-    `source` and the dotted key (under `prefix`). `cls` must be a module-level dataclass
-    (string annotations are resolved with `typing.get_type_hints`).
+    wrong type or outside their field's `bounded` range and `ValueError`/`TypeError` from
+    `__post_init__` raise ConfigError naming `source` and the dotted key (under `prefix`).
+    `cls` must be a module-level dataclass (string annotations are resolved with
+    `typing.get_type_hints`).
     """
     _require_dataclass(cls)
     return _build(cls, data, lambda _key: source, prefix)
@@ -220,7 +301,7 @@ def _unwrap_optional(tp: Any) -> Any:
     return tp
 
 
-def _check_path(schema: type, segments: list[str]) -> None:
+def _check_path(schema: type, segments: list[str], source: str) -> None:
     tp: Any = schema
     for depth, segment in enumerate(segments):
         key = ".".join(segments[: depth + 1])
@@ -230,13 +311,23 @@ def _check_path(schema: type, segments: list[str]) -> None:
         if dataclasses.is_dataclass(tp):
             names = [f.name for f in _init_fields(tp)]
             if segment not in names:
-                raise _unknown_key("<overrides>", key, segment, names)
+                raise _unknown_key(source, key, segment, names)
             tp = _hints(tp)[segment]
         elif tp in (dict, Mapping) or typing.get_origin(tp) in (dict, Mapping):
             tp = (typing.get_args(tp) or (Any, Any))[1]
         else:
-            raise _error("<overrides>", key, f"cannot set a sub-key of {segments[depth - 1]!r}, "
-                                             f"which is not a mapping")
+            raise _error(source, key, f"cannot set a sub-key of {segments[depth - 1]!r}, "
+                                      f"which is not a mapping")
+
+
+def override_source(override: str) -> str:
+    """How errors name a ``key=value`` override: ``override 'optim.lr=-1'`` (a value under a
+    secret-like key redacted, a long one cut)."""
+    dotted, eq, _raw = override.partition("=")
+    if eq and _is_secret_key(dotted.strip().rsplit(".", 1)[-1]):
+        override = f"{dotted}={REDACTED}"
+    shown = repr(override)
+    return f"override {shown if len(shown) <= 80 else shown[:76] + '...' + shown[0]}"
 
 
 def apply_overrides(data: dict, overrides: Sequence[str], *, schema: type | None = None
@@ -244,23 +335,24 @@ def apply_overrides(data: dict, overrides: Sequence[str], *, schema: type | None
     """Return a copy of `data` with each ``a.b.c=value`` applied (value parsed as YAML).
 
     Missing intermediate mappings (or nulls) are created. With `schema` (a dataclass type) each
-    dotted path must name a field; keys under a ``dict[str, T]`` field are free.
+    dotted path must name a field; keys under a ``dict[str, T]`` field are free. Errors name
+    the override (``override 'a.b=[1': a.b: cannot parse ...``).
     """
     data = copy.deepcopy(dict(data))
     for override in overrides:
+        source = override_source(override)
         dotted, eq, raw = override.partition("=")
         dotted = dotted.strip()
         segments = dotted.split(".")
         if not eq or not all(segments):
-            raise _error("<overrides>", dotted or repr(override), "expected key.path=value")
+            raise _error(source, "", "expected key.path=value")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
-            problem = getattr(err, "problem", None) or err
-            raise _error("<overrides>", dotted, f"cannot parse {raw!r} as YAML ({problem})"
-                         ) from None
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise _error(source, dotted, f"cannot parse {raw!r} as YAML ({problem})") from None
         if schema is not None:
-            _check_path(schema, segments)
+            _check_path(schema, segments, source)
         node = data
         for depth, segment in enumerate(segments[:-1]):
             child = node.get(segment)
@@ -268,41 +360,84 @@ def apply_overrides(data: dict, overrides: Sequence[str], *, schema: type | None
                 child = node[segment] = {}
             elif not isinstance(child, dict):
                 key = ".".join(segments[: depth + 1])
-                raise _error("<overrides>", dotted, f"{key} is not a mapping")
+                raise _error(source, dotted, f"{key} is not a mapping")
             node = child
         node[segments[-1]] = value
     return data
 
 
-def _read_yaml(path: Path) -> dict:
+def _where(err: yaml.YAMLError, text: str) -> str:
+    """The "line L, column C: problem" of a YAML error, on one line."""
+    mark = getattr(err, "problem_mark", None)
+    position = getattr(err, "position", None)  # a ReaderError (a control character) has no mark
+    if mark is not None:
+        where = f"line {mark.line + 1}, column {mark.column + 1}: "
+    elif isinstance(position, int):
+        line, line_start = text.count("\n", 0, position) + 1, text.rfind("\n", 0, position) + 1
+        where = f"line {line}, column {position - line_start + 1}: "
+    else:
+        where = ""
+    return where + (getattr(err, "problem", None) or str(err).splitlines()[0])
+
+
+def _key_lines(node: yaml.Node, prefix: str, lines: dict[str, int], seen: set[int]) -> None:
+    """Record the 1-based line of every dotted key of mapping `node` (aliases: first path)."""
+    if not isinstance(node, yaml.MappingNode) or id(node) in seen:
+        return
+    seen.add(id(node))
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            key = _join(prefix, key_node.value)
+            lines.setdefault(key, key_node.start_mark.line + 1)
+            _key_lines(value_node, key, lines, seen)
+
+
+def _read_yaml(path: Path) -> tuple[dict, dict[str, int]]:
+    """The top-level mapping of YAML file `path` and the line of each dotted key in it.
+
+    ConfigError (one line, naming the file and the line where known) if the file is missing,
+    unreadable, not UTF-8, not YAML or not a mapping.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except OSError as err:
         raise ConfigError(f"{path}: cannot read config file ({err.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, line_start = raw.count(b"\n", 0, err.start) + 1, raw.rfind(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at "
+                          f"column {err.start - line_start + 1})") from None
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(f"{path}: invalid YAML: {where}{getattr(err, 'problem', None) or err}"
-                          ) from None
+        raise ConfigError(f"{path}: invalid YAML: {_where(err, text)}") from None
     if data is None:
-        return {}
+        return {}, {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    return data
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: top level must be a mapping, got "
+                          f"{type(data).__name__}")
+    lines: dict[str, int] = {}
+    _key_lines(node, "", lines, set())
+    return data, lines
 
 
-def _merge(base: dict, top: Mapping, origin: dict[str, str], source: str, prefix: str) -> dict:
+def _merge(base: dict, top: Mapping, origin: dict[str, str], where: Callable[[str], str],
+           prefix: str) -> dict:
     merged = dict(base)
     for k, v in top.items():
         key = _join(prefix, str(k))
-        origin[key] = source
+        origin[key] = where(key)
         if isinstance(v, Mapping):
             below = merged.get(k)
-            v = _merge(below if isinstance(below, Mapping) else {}, v, origin, source, key)
+            v = _merge(below if isinstance(below, Mapping) else {}, v, origin, where, key)
         merged[k] = v
     return merged
 
@@ -310,41 +445,54 @@ def _merge(base: dict, top: Mapping, origin: dict[str, str], source: str, prefix
 def _load_tree(path: Path, chain: list[Path], origin: dict[str, str]) -> dict:
     if path.resolve() in [p.resolve() for p in chain]:
         raise ConfigError(f"{path}: extends cycle: {' -> '.join(map(str, [*chain, path]))}")
-    data = _read_yaml(path)
+    data, lines = _read_yaml(path)
+
+    def where(key: str) -> str:
+        return f"{path}:{lines[key]}" if key in lines else str(path)
+
     parent = data.pop("extends", None)
     base: dict = {}
     if parent is not None:
         if not isinstance(parent, str) or not parent:
-            raise _error(str(path), "extends", f"expected a file path, {_got(parent, '')}")
+            raise _error(where("extends"), "extends", f"expected a file path, {_got(parent, '')}")
         base = _load_tree(path.parent / parent, [*chain, path], origin)
-    return _merge(base, data, origin, str(path), "")
+    return _merge(base, data, origin, where, "")
 
 
-def load_config(cls: type[T], path: str | os.PathLike | None, overrides: Sequence[str] = ()
-                ) -> T:
+def load_config(cls: type[T], path: str | os.PathLike | None, overrides: Sequence[str] = (),
+                *, check: Callable[[T, Callable[[str], str]], None] | None = None) -> T:
     """Load `cls` from a YAML file (following `extends`), then apply `overrides`.
 
-    `path=None` means all defaults plus overrides. Errors name the file (or "<overrides>") that
-    supplied the offending key.
+    `path=None` means all defaults plus overrides. Errors name the source of the offending
+    key: ``<file>:<line>`` that set it, the override (``override 'optim.lr=-1'``) or
+    "<defaults>"; an error about a whole section (its `__post_init__`) also names the
+    overrides that set keys inside it. `check(cfg, src)`, if given, runs further (cross-field)
+    rules on the loaded config; `src(dotted_key)` is that key's source, for their errors.
     """
     _require_dataclass(cls)
     origin: dict[str, str] = {}
     data = _load_tree(Path(path), [], origin) if path is not None else {}
     data = apply_overrides(data, overrides, schema=cls)
+    overridden: dict[str, str] = {}
     for override in overrides:
-        dotted = override.partition("=")[0].strip()
-        origin.update({k: "<overrides>" for k in origin if k.startswith(dotted + ".")})
-        origin[dotted] = "<overrides>"
-    default = str(path) if path is not None else "<overrides>"
+        dotted, source = override.partition("=")[0].strip(), override_source(override)
+        origin.update({k: source for k in origin if k.startswith(dotted + ".")})
+        origin[dotted] = overridden[dotted] = source
+    default = str(path) if path is not None else "<defaults>"
 
     def src(key: str) -> str:
-        parts = re.sub(r"\[\d+\]", "", key).split(".")
-        for n in range(len(parts), 0, -1):
-            if (found := origin.get(".".join(parts[:n]))) is not None:
-                return found
-        return default
+        bare = re.sub(r"\[\d+\]", "", key)
+        parts = bare.split(".")
+        found = next((origin[k] for n in range(len(parts), 0, -1)
+                      if (k := ".".join(parts[:n])) in origin), None)
+        below = [s for k, s in overridden.items() if not bare or k.startswith(bare + ".")]
+        head = [found] if found is not None else [] if below else [default]
+        return " + ".join(dict.fromkeys(head + below))
 
-    return _build(cls, data, src, "")
+    cfg = _build(cls, data, src, "")
+    if check is not None:
+        check(cfg, src)
+    return cfg
 
 
 def _plain(value: Any) -> Any:

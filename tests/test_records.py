@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -362,6 +363,72 @@ def test_unknown_suffix_and_unreadable_files(tmp_path):
         read_parquet(fake, bad_rows="skip")
     with pytest.raises(FileNotFoundError):
         read_records(tmp_path / "missing.parquet")
+
+
+# ---------------------------------------------------------------------------- bytes, empty files
+def test_a_non_utf8_jsonl_line_names_file_line_byte_and_column(tmp_path):
+    good = [json.dumps(make(sample_id=f"q-{i}").to_row()) for i in range(3)]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(f"{good[0]}\n{good[1]}\n".encode() + b'{"caf\xff": 1}\n'
+                     + f"{good[2]}\n".encode())
+    message = f"{path}:3: not valid UTF-8 (byte 0xff at column 6)"
+    with pytest.raises(RecordError) as info:
+        read_records(path)
+    assert str(info.value) == message
+
+
+def test_skip_mode_skips_and_counts_a_non_utf8_line(tmp_path):
+    good = [json.dumps(make(sample_id=f"q-{i}").to_row()) for i in range(3)]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(f"{good[0]}\n".encode() + "é\n".encode("latin-1")
+                     + f"{good[1]}\r\n\n{good[2]}".encode())
+    stats = ReadStats()
+    records = read_records(path, bad_rows="skip", stats=stats)
+    assert [r.sample_id for r in records] == ["q-0", "q-1", "q-2"]
+    assert (stats.rows, stats.skipped) == (4, 1)
+    assert stats.errors == [f"{path}:2: not valid UTF-8 (byte 0xe9 at column 1)"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_data_file_without_records_is_an_error_naming_it(tmp_path, suffix):
+    path = tmp_path / f"empty{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("\n  \n", encoding="utf-8")
+    else:
+        write_parquet(path, [])
+    with pytest.raises(RecordError) as info:
+        read_records(path)
+    assert str(info.value) == f"{path}: no records: the file has no rows"
+    assert (read_parquet if suffix == ".parquet" else read_jsonl)(path) == []  # the raw readers
+    only_bad = tmp_path / f"only_bad{suffix}"
+    rows = [make(sample_id=f"q-{i}").to_row() for i in range(2)]
+    for row in rows:
+        row["extra_info"]["domain"] = "ASTROLOGY"
+    if suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), only_bad)
+    else:
+        only_bad.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(RecordError) as info:
+        read_records(only_bad, bad_rows="skip")
+    assert str(info.value) == f"{only_bad}: no records: every one of its 2 rows was skipped as bad"
+
+
+def test_an_empty_or_corrupt_parquet_file_is_named(tmp_path):
+    empty = tmp_path / "zero.parquet"
+    empty.write_bytes(b"")
+    with pytest.raises(RecordError, match=rf"^{re.escape(str(empty))}: not a readable parquet"):
+        read_records(empty)
+    path = tmp_path / "corrupt.parquet"
+    write_parquet(path, synthetic_tasks(40, seed=1))
+    data = bytearray(path.read_bytes())
+    data[4:len(data) // 2] = b"\xff" * (len(data) // 2 - 4)  # the pages; the footer stays intact
+    path.write_bytes(bytes(data))
+    for bad_rows in ("error", "skip"):
+        with pytest.raises(RecordError) as info:
+            read_records(path, bad_rows=bad_rows)
+        message = str(info.value)
+        assert message.startswith(f"{path}:row 0: cannot read the parquet data: "), message
+        assert "\n" not in message
 
 
 def test_write_parquet_rejects_bad_input_and_leaves_no_file(tmp_path):

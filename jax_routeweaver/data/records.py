@@ -20,10 +20,11 @@ for a top-level column, `extra_info.index`, `payload_json.source`) and written b
 
 JSONL files hold one such row per line (`read_jsonl` / `write_jsonl`); parquet files hold the
 rows as columns (`read_parquet` / `write_parquet`, `extra_info` a struct); `read_records` picks
-the reader by suffix. Read errors name the file and the line (JSONL, 1-based) or row (parquet,
-0-based); `bad_rows="skip"` drops bad rows instead and counts them in a `ReadStats`. A
-`sample_id` may appear only once per file. Every validation error names the field and the
-sample id.
+the reader by suffix. Read errors are one line naming the file and the line (JSONL, 1-based)
+or row (parquet, 0-based); `bad_rows="skip"` drops bad rows (a JSONL line that is not UTF-8
+too) instead and counts them in a `ReadStats`. A `sample_id` may appear only once per file.
+Every validation error names the field and the sample id. `read_records`, which opens a data
+source, also refuses a file that yields no records.
 """
 
 from __future__ import annotations
@@ -427,8 +428,9 @@ def read_records(path: str | os.PathLike[str], *, bad_rows: BadRows = "error",
                  stats: ReadStats | None = None) -> list[Record]:
     """Records from a `.jsonl` / `.json` (JSON Lines) or `.parquet` file, chosen by suffix.
 
-    See `read_jsonl` / `read_parquet` for `bad_rows` and `stats`; any other suffix raises
-    `RecordError` naming the file.
+    See `read_jsonl` / `read_parquet` for `bad_rows` and `stats`. Raises `RecordError` naming
+    the file for any other suffix, and for a file that yields no records (no rows, or every
+    row skipped as bad).
     """
     path = Path(path)
     readers = {".jsonl": read_jsonl, ".json": read_jsonl, ".parquet": read_parquet}
@@ -436,7 +438,14 @@ def read_records(path: str | os.PathLike[str], *, bad_rows: BadRows = "error",
     if reader is None:
         raise RecordError(f"{path}: unknown record file type {path.suffix!r}; "
                           f"expected one of {sorted(readers)}")
-    return reader(path, bad_rows=bad_rows, stats=stats)
+    stats = ReadStats() if stats is None else stats
+    rows_before = stats.rows
+    records = reader(path, bad_rows=bad_rows, stats=stats)
+    if not records:
+        rows = stats.rows - rows_before
+        raise RecordError(f"{path}: no records: " + (
+            f"every one of its {rows} rows was skipped as bad" if rows else "the file has no rows"))
+    return records
 
 
 # ---------------------------------------------------------------------- JSONL
@@ -445,14 +454,20 @@ def read_jsonl(path: str | os.PathLike[str], *, bad_rows: BadRows = "error",
     """Records from a JSONL file of rows (one `to_row()` object per line).
 
     Whitespace-only lines are allowed (e.g. a trailing newline). With `bad_rows="error"`
-    anything else that is not a valid row, or repeats an earlier line's `sample_id`, raises
-    `RecordError` starting with `<path>:<line>:`; with `"skip"` such lines are dropped and
-    counted in `stats` (if given).
+    anything else that is not a valid row (not UTF-8, not JSON, not the schema), or repeats an
+    earlier line's `sample_id`, raises `RecordError` starting with `<path>:<line>:`; with
+    `"skip"` such lines are dropped and counted in `stats` (if given). Lines end at b"\n".
     """
     path = Path(path)
     collector = _Collector(path, bad_rows, stats)
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:  # decoded per line, so one bad byte costs one row
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                collector.reject(str(lineno), f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} "
+                                              f"at column {exc.start + 1})")
+                continue
             if not line.strip():
                 continue
             try:
@@ -516,7 +531,7 @@ def read_parquet(path: str | os.PathLike[str], *, bad_rows: BadRows = "error",
     Rows go through `Record.from_row` as JSONL lines do, with the same `bad_rows` / `stats`
     handling; errors start with `<path>:row <N>:` (N counts from 0, as pandas/pyarrow do). A
     file that is not parquet, or has no `extra_info` column, raises `RecordError` whatever
-    `bad_rows` says.
+    `bad_rows` says, as does one whose data cannot be decoded (naming the first row not read).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -528,23 +543,31 @@ def read_parquet(path: str | os.PathLike[str], *, bad_rows: BadRows = "error",
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError) as exc:
-        raise RecordError(f"{path}: not a readable parquet file: {exc}") from None
+        raise RecordError(f"{path}: not a readable parquet file: {_one_line(exc)}") from None
     with parquet:
         if "extra_info" not in parquet.schema_arrow.names:
             raise RecordError(f"{path}: no 'extra_info' column (columns: "
                               f"{parquet.schema_arrow.names})")
         index = 0
-        for batch in parquet.iter_batches():
-            for row in batch.to_pylist():
-                where = f"row {index}"
-                try:
-                    parsed = _parquet_row(row)
-                except RecordError as exc:
-                    collector.reject(where, str(exc))
-                else:
-                    collector.accept(where, where, parsed)
-                index += 1
+        try:
+            for batch in parquet.iter_batches():
+                for row in batch.to_pylist():
+                    where = f"row {index}"
+                    try:
+                        parsed = _parquet_row(row)
+                    except RecordError as exc:
+                        collector.reject(where, str(exc))
+                    else:
+                        collector.accept(where, where, parsed)
+                    index += 1
+        except (pa.ArrowException, OSError) as exc:  # a corrupt page or column chunk
+            raise RecordError(f"{path}:row {index}: cannot read the parquet data: "
+                              f"{_one_line(exc)}") from None
     return collector.records
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _arrow_column(values: list[Any], name: str, arrow_type: Any, path: Path) -> Any:

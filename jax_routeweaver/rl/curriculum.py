@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from jax_routeweaver.config import bounded
 from jax_routeweaver.data.pipeline import balanced_forced_modes
 
 MODES = ("single", "multi", "agentic")
@@ -19,10 +20,10 @@ MODES = ("single", "multi", "agentic")
 class ExplorationConfig:
     """Reference numbers: ρ = 1 for b ≤ 25, linear to 0 at b = 75 (paper main arm)."""
 
-    forced_start_batch: int = 25
-    forced_anneal_steps: int = 50
-    support_lambda0: float = 0.002
-    support_floor: float = 0.05
+    forced_start_batch: int = bounded(25, "[-1, inf)")  # batch index; -1: ρ = 0 from batch 0
+    forced_anneal_steps: int = bounded(50, "[1, inf)")  # batches from ρ = 1 to ρ = 0
+    support_lambda0: float = bounded(0.002, "[0, inf)")  # λ0, the support loss weight at ρ = 1
+    support_floor: float = bounded(0.05, "[0, 1]")  # a mode's probability floor
 
     def __post_init__(self) -> None:
         if self.forced_anneal_steps <= 0:

@@ -13,12 +13,16 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from jax_routeweaver.config import ConfigError, load_config
+from jax_routeweaver.config import ConfigError, bounded, load_config
 from jax_routeweaver.rl.curriculum import ExplorationConfig, forced_ratio
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig
 from jax_routeweaver.routing import router_r1 as r1
 from jax_routeweaver.routing.grammar import ProtocolConfig
 from jax_routeweaver.routing.router_r1_env import max_action_bytes
+
+# Numeric fields declare their valid range with `bounded` (checked when a config is loaded);
+# `check_train_config` holds the rules that involve more than one field.
+_SEED = "[0, 4294967295]"  # seeds: uint32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +42,10 @@ class ModelSection:
     dtype: Literal["float32", "bfloat16"] = "float32"
     scan_layers: bool = True
     remat: Literal["none", "full", "dots", "dots_no_batch"] = "none"
-    remat_groups: int = 1
-    logprob_chunk: int = 1024
-    attention_block: int = 512
-    causal_parts: int = 1
+    remat_groups: int = bounded(1, "[1, inf)")  # layer groups G (must divide the layers)
+    logprob_chunk: int = bounded(1024, "[1, inf)")  # tokens per log-prob chunk
+    attention_block: int = bounded(512, "[1, inf)")  # tokens per attention block
+    causal_parts: int = bounded(1, "[1, inf)")  # self-attention split into P causal parts
 
     def runtime(self) -> dict[str, Any]:
         """The `ModelConfig` runtime options this section sets (not dtypes)."""
@@ -54,9 +58,9 @@ class ModelSection:
 class MeshSection:
     """Device mesh ``('data', 'fsdp', 'tensor')``; one entry may be -1 (the rest)."""
 
-    data: int = 1
-    fsdp: int = -1
-    tensor: int = 1
+    data: int = bounded(1, "-1 or [1, inf)")  # devices per axis; -1 = the rest
+    fsdp: int = bounded(-1, "-1 or [1, inf)")
+    tensor: int = bounded(1, "-1 or [1, inf)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +71,15 @@ class DataSection:
     plain sequential batches). ``group_size``: K rollouts."""
 
     source: str = "synthetic"
-    synthetic_queries: int = 3200
-    synthetic_seed: int = 0
+    synthetic_queries: int = bounded(3200, "[1, inf)")  # queries generated
+    synthetic_seed: int = bounded(0, _SEED)
     synthetic_levels: tuple[Literal["easy", "medium", "hard"], ...] = ("easy", "medium", "hard")
-    batch_size: int = 32
-    group_size: int = 8
-    quotas: dict[str, int] = dataclasses.field(default_factory=lambda: {
-        "MATH": 7, "CODE": 7, "KNOWLEDGE": 7, "REASON": 6, "RECALL": 5})
+    batch_size: int = bounded(32, "[1, inf)")  # queries per step
+    group_size: int = bounded(8, "[1, inf)")  # rollouts per query
+    quotas: dict[str, int] = bounded(  # noqa: RUF009 (a field); queries per domain per batch
+        {"MATH": 7, "CODE": 7, "KNOWLEDGE": 7, "REASON": 6, "RECALL": 5}, "[0, inf)")
     shuffle: bool = False
-    seed: int = 42
+    seed: int = bounded(42, _SEED)  # shuffle seed
     bad_rows: Literal["error", "skip"] = "error"
     repeat: bool = False
 
@@ -90,13 +94,13 @@ class RouterR1Section:
     with the simulated pool. ``question_query`` (with ``rollout.constrained``): a search's
     query is the question verbatim, so a tiny router's calls reach the simulated workers."""
 
-    max_turns: int = 4
-    start_max_tokens: int = 2048
-    context_max_tokens: int = 4096
-    trajectory_max_tokens: int = 4096
-    obs_max_tokens: int = 600
+    max_turns: int = bounded(4, "[1, inf)")
+    start_max_tokens: int = bounded(2048, "[1, inf)")  # tokens, like the four below
+    context_max_tokens: int = bounded(4096, "[1, inf)")
+    trajectory_max_tokens: int = bounded(4096, "[1, inf)")
+    obs_max_tokens: int = bounded(600, "[1, inf)")
     prompt_variant: Literal["qwen", "llama"] = "qwen"
-    worker_max_tokens: int = 512
+    worker_max_tokens: int = bounded(512, "[1, inf)")
     models: dict[str, str] = dataclasses.field(default_factory=dict)
     question_query: bool = False
 
@@ -120,18 +124,18 @@ class VllmSection:
     url: str = ""
     transport: Literal["orbax", "hf"] = "orbax"
     host: str = "127.0.0.1"
-    port: int = 0
+    port: int = bounded(0, "[0, 65535]")  # 0 = a free port
     dtype: str = "float32"
-    max_model_len: int = 8192
-    kv_cache_gib: int = 1
+    max_model_len: int = bounded(8192, "[1, inf)")  # tokens
+    kv_cache_gib: int = bounded(1, "[1, inf)")  # GiB
     enforce_eager: bool = True
     single_process: bool = False
     extra_args: tuple[str, ...] = ()
-    startup_timeout_s: float = 300.0
-    request_timeout_s: float = 300.0
-    max_in_flight: int = 64
-    probe_atol: float = 1e-3
-    sleep_level: int = 0
+    startup_timeout_s: float = bounded(300.0, "(0, inf)")  # seconds
+    request_timeout_s: float = bounded(300.0, "(0, inf)")  # seconds
+    max_in_flight: int = bounded(64, "[1, inf)")  # concurrent requests
+    probe_atol: float = bounded(1e-3, "[0, inf)")  # nats, per probe logprob
+    sleep_level: int = bounded(0, "[0, 2]")  # 0 = off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,18 +162,18 @@ class RolloutSection:
 
     dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
     sampler: Literal["jax", "vllm"] = "jax"
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = -1
-    max_new_tokens: int = 512
+    temperature: float = bounded(0.8, "[0, inf)")  # 0 = greedy
+    top_p: float = bounded(0.95, "(0, 1]")  # 1 = off
+    top_k: int = bounded(-1, "[-1, inf)")  # -1 or 0 = off
+    max_new_tokens: int = bounded(512, "[1, inf)")  # tokens per turn
     constrained: bool = False
     answer_choices: bool = False
     task_text: str = ""
     rulebook: Literal["reference", "compact"] = "reference"
     execution_feedback: bool = True
-    prefix_cache_mb: float = 0.0
+    prefix_cache_mb: float = bounded(0.0, "[0, inf)")  # MB; 0 = off
     device_choices: bool = True
-    prompt_buckets: tuple[int, ...] = ()
+    prompt_buckets: tuple[int, ...] = bounded((), "[1, inf)")  # tokens, increasing
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
     router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)
     vllm: VllmSection = dataclasses.field(default_factory=VllmSection)
@@ -181,10 +185,10 @@ class WorkersSection:
     YAML (OpenAI-compatible endpoints; keys come from the env vars it names)."""
 
     pool: str = "simulated"
-    seed: int = 0
-    latency_s: float = 0.0
-    failure_rate: float = 0.0
-    concurrency: int = 40
+    seed: int = bounded(0, _SEED)  # the simulated pool's seed
+    latency_s: float = bounded(0.0, "[0, inf)")  # seconds per simulated call
+    failure_rate: float = bounded(0.0, "[0, 1]")  # share of simulated calls that fail
+    concurrency: int = bounded(40, "[1, inf)")  # concurrent worker calls (channel pools)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +200,8 @@ class RouterR1RewardSection:
     full train state (§3.5; upstream's window is global and never checkpointed)."""
 
     metric: Literal["em", "f1"] = "em"
-    cost_coe: float = 0.0
-    window_size: int = 1000
+    cost_coe: float = bounded(0.0, "[0, 1]")  # α
+    window_size: int = bounded(1000, "[1, inf)")  # sqrt-costs in the window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,10 +211,10 @@ class RewardSection:
     ``router_r1``: the reward of ``rollout.dialect: router_r1`` (the others then play no
     part)."""
 
-    alpha: float = 0.0
-    c_ref: float | str = ""
+    alpha: float = bounded(0.0, "[0, 1]")  # cost weight
+    c_ref: float | str = bounded("", "(0, inf)")  # USD (a number), or a path / ""
     code_scorer: Literal["union", "final"] = "union"
-    score_workers: int = 4
+    score_workers: int = bounded(4, "[1, inf)")  # scorer threads
     router_r1: RouterR1RewardSection = dataclasses.field(default_factory=RouterR1RewardSection)
 
 
@@ -227,7 +231,7 @@ class AlgoSection:
     exploration: ExplorationConfig = dataclasses.field(default_factory=ExplorationConfig)
     support: bool = True
     mode_score_span: Literal["content", "full"] = "content"
-    support_max_prompt: int = 2048
+    support_max_prompt: int = bounded(2048, "[1, inf)")  # tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,9 +244,9 @@ class CheckpointSection:
     this run's data then start at its batch N (batch_index N, the first N batches skipped),
     and the KL reference stays this run's own initial model (``model.init``)."""
 
-    full_every: int = 10
-    keep_policy: int = 2
-    keep_full: int = 2
+    full_every: int = bounded(10, "[1, inf)")  # steps
+    keep_policy: int = bounded(2, "[1, inf)")  # policy checkpoints kept
+    keep_full: int = bounded(2, "[1, inf)")  # full states kept (0 would keep none to resume)
     resume: bool = True
     init_from: str = ""
 
@@ -253,7 +257,7 @@ class LoggingSection:
     tensorboard: bool = True
     plots: bool = True
     progress: bool = True
-    summary_window: int = 10
+    summary_window: int = bounded(10, "[1, inf)")  # first and last steps in the run's summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,8 +268,8 @@ class TrainConfig:
 
     name: str = "run"
     out_dir: str = "runs/run"
-    seed: int = 0
-    steps: int = 90
+    seed: int = bounded(0, _SEED)
+    steps: int = bounded(90, "[1, inf)")
     deterministic: bool = True
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
@@ -279,13 +283,14 @@ class TrainConfig:
     logging: LoggingSection = dataclasses.field(default_factory=LoggingSection)
 
 
-def check_train_config(cfg: TrainConfig, source: str = "<config>") -> None:
-    """Cross-field rules; raises ConfigError naming the keys."""
+def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<config>"
+                       ) -> None:
+    """The rules that involve more than one field (each field's own range is checked when the
+    config is loaded, see `bounded`); raises ConfigError naming the key and its `source` (a
+    string, or a function of the dotted key such as `load_config` passes)."""
     def fail(key: str, msg: str) -> None:
-        raise ConfigError(f"{source}: {key}: {msg}")
+        raise ConfigError(f"{source(key) if callable(source) else source}: {key}: {msg}")
 
-    if cfg.steps < 1:
-        fail("steps", f"must be >= 1, got {cfg.steps}")
     if "://" in cfg.out_dir:
         fail("out_dir", f"{cfg.out_dir!r}: a filesystem path is needed (logs, tokenizer and the "
              "sidecar's exports are written with local file APIs); mount a bucket (gcsfuse) "
@@ -295,18 +300,9 @@ def check_train_config(cfg: TrainConfig, source: str = "<config>") -> None:
     if cfg.data.quotas and sum(cfg.data.quotas.values()) != cfg.data.batch_size:
         fail("data.quotas", f"sum {sum(cfg.data.quotas.values())} != data.batch_size "
                             f"{cfg.data.batch_size}")
-    if cfg.data.group_size < 1 or cfg.data.batch_size < 1:
-        fail("data.group_size", "batch_size and group_size must be >= 1")
-    if cfg.rollout.vllm.sleep_level not in (0, 1, 2):
-        fail("rollout.vllm.sleep_level", f"{cfg.rollout.vllm.sleep_level}: expected 0 (off), "
-             "1 or 2")
     buckets = cfg.rollout.prompt_buckets
-    if any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
-        fail("rollout.prompt_buckets", f"must be positive and strictly increasing, got "
-             f"{list(buckets)}")
-    if not cfg.rollout.prefix_cache_mb >= 0:
-        fail("rollout.prefix_cache_mb",
-             f"must be >= 0 (0 = off), got {cfg.rollout.prefix_cache_mb}")
+    if list(buckets) != sorted(set(buckets)):
+        fail("rollout.prompt_buckets", f"must be strictly increasing, got {list(buckets)}")
     if cfg.rollout.answer_choices and not cfg.rollout.constrained:
         fail("rollout.answer_choices", "needs rollout.constrained: true")
     task = cfg.rollout.task_text
@@ -315,8 +311,6 @@ def check_train_config(cfg: TrainConfig, source: str = "<config>") -> None:
     if task and (task[0].isspace() or len(task) > 48 or any(c in task for c in "<>\n")):
         fail("rollout.task_text", f"{task!r} must be at most 48 characters without tags or "
              "newlines and not start with a space (a route's task must pass the protocol)")
-    if cfg.checkpoint.full_every < 1 or cfg.checkpoint.keep_policy < 1:
-        fail("checkpoint.full_every", "full_every and keep_policy must be >= 1")
     default_loss = LossConfig()
     for name in ("support_lambda0", "support_floor"):
         if getattr(cfg.algo.loss, name) != getattr(default_loss, name):
@@ -377,11 +371,6 @@ def _check_router_r1(cfg: TrainConfig, fail: Callable[[str, str], None]) -> None
     if cfg.reward.alpha > 0:
         fail("reward.alpha", "the cost trade-off of rollout.dialect: router_r1 is "
              "reward.router_r1.cost_coe")
-    rr = cfg.reward.router_r1
-    if not 0.0 <= rr.cost_coe <= 1.0:
-        fail("reward.router_r1.cost_coe", f"must be in [0, 1], got {rr.cost_coe}")
-    if rr.window_size < 1:
-        fail("reward.router_r1.window_size", f"must be >= 1, got {rr.window_size}")
     try:
         router_r1_config(cfg)
     except ValueError as e:
@@ -405,7 +394,8 @@ def _check_router_r1(cfg: TrainConfig, fail: Callable[[str, str], None]) -> None
 
 def load_train_config(path: str | os.PathLike[str] | None,
                       overrides: Sequence[str] = ()) -> TrainConfig:
-    """YAML file (None: defaults) + ``key.sub=value`` overrides -> a checked TrainConfig."""
-    cfg = load_config(TrainConfig, path, overrides)
-    check_train_config(cfg, str(path) if path is not None else "<defaults>")
-    return cfg
+    """YAML file (None: defaults) + ``key.sub=value`` overrides -> a checked TrainConfig.
+
+    ConfigError (one line) on a bad file, key, type, a value outside its field's range or a
+    broken cross-field rule, naming the file and line, or the override, that set the key."""
+    return load_config(TrainConfig, path, overrides, check=check_train_config)

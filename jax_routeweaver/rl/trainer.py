@@ -39,6 +39,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jax_routeweaver.config import bounded
 from jax_routeweaver.models.qwen3 import (
     Qwen3,
     choice_logprobs,
@@ -61,13 +62,13 @@ class OptimConfig:
     """AdamW as verl runs it (§6.8): lr 1e-6 set explicitly; betas, eps, weight decay 0.01
     and grad-norm clip 1.0 are verl's defaults. ``warmup_steps`` > 0: linear warmup."""
 
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
+    lr: float = bounded(1e-6, "(0, inf)")
+    weight_decay: float = bounded(0.01, "[0, inf)")
+    grad_clip: float = bounded(1.0, "[0, inf)")  # global grad-norm clip; 0 = off
+    warmup_steps: int = bounded(0, "[0, inf)")  # optimizer steps
+    b1: float = bounded(0.9, "[0, 1)")
+    b2: float = bounded(0.999, "[0, 1)")
+    eps: float = bounded(1e-8, "(0, inf)")
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -87,17 +88,17 @@ class LossConfig:
     end by packing)."""
 
     reduction: str = "segment"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_c: float = 3.0
-    kl_coef: float = 0.001
-    entropy_coef: float = 0.0
-    micro_batch_size: int = 0
-    support_lambda0: float = 0.002
-    support_floor: float = 0.05
-    support_chunk: int = 12
-    ppo_mini_batches: int = 1
-    ppo_epochs: int = 1
+    clip_low: float = bounded(0.2, "[0, 1)")  # ratio clipped below at 1 - clip_low
+    clip_high: float = bounded(0.2, "[0, inf)")  # ratio clipped above at 1 + clip_high
+    clip_c: float = bounded(3.0, "(1, inf)")  # dual-clip constant
+    kl_coef: float = bounded(0.001, "[0, inf)")
+    entropy_coef: float = bounded(0.0, "[0, inf)")  # entropy bonus weight
+    micro_batch_size: int = bounded(0, "[0, inf)")  # rows; 0 = the whole mini-batch
+    support_lambda0: float = bounded(0.002, "[0, inf)")  # set via algo.exploration
+    support_floor: float = bounded(0.05, "[0, 1]")  # set via algo.exploration
+    support_chunk: int = bounded(12, "[1, inf)")  # rows per support forward
+    ppo_mini_batches: int = bounded(1, "[1, inf)")
+    ppo_epochs: int = bounded(1, "[1, inf)")
     group_by_length: bool = False
 
     def __post_init__(self) -> None:

@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from jax_routeweaver.config import bounded
+
 Encode = Callable[[str], Sequence[int]]
 ForcedDeclaration = Literal["user_turn", "assistant_text"]
 
@@ -93,20 +95,20 @@ class ProtocolConfig:
     ending the episode. `routing_state`: agentic turns get the routing-state header.
     """
 
-    selector_max_tokens: int = 64
-    single_routes: int = 1
-    multi_min_routes: int = 2
-    multi_max_routes: int = 4
-    max_workers: int = 8  # agentic calls, the summarizer's reserved last slot included
-    max_action_turns: int | None = None
-    selector_attempts_with_recovery: int = 2
-    response_length: int = 16384
-    worker_max_tokens: int = 4096
-    obs_reserve: int = 1024
-    obs_budget_cap: int = 4096
-    obs_min_per_obs: int = 256
-    obs_tail_fraction: float = 0.5
-    observation_cap: int | None = None
+    selector_max_tokens: int = bounded(64, "[1, inf)")  # tokens
+    single_routes: int = bounded(1, "[1, inf)")
+    multi_min_routes: int = bounded(2, "[1, inf)")
+    multi_max_routes: int = bounded(4, "[1, inf)")
+    max_workers: int = bounded(8, "[1, inf)")  # agentic calls, the summarizer's last slot included
+    max_action_turns: int | None = bounded(None, "[1, inf)")
+    selector_attempts_with_recovery: int = bounded(2, "[1, inf)")
+    response_length: int = bounded(16384, "[1, inf)")  # tokens, like the rest below
+    worker_max_tokens: int = bounded(4096, "[1, inf)")
+    obs_reserve: int = bounded(1024, "[0, inf)")
+    obs_budget_cap: int = bounded(4096, "[1, inf)")
+    obs_min_per_obs: int = bounded(256, "[0, inf)")
+    obs_tail_fraction: float = bounded(0.5, "[0, 1]")  # share of a cut observation from its end
+    observation_cap: int | None = bounded(None, "[1, inf)")
     routing_state: bool = True
     recovery: bool = False
     multi_attach_previous: bool = False
