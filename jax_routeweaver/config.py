@@ -125,6 +125,17 @@ def _check_range(valid: Range, value: Any, src: Callable[[str], str], key: str) 
         raise _error(src(key), key, f"must be in {valid}, {_got(value, key)}")
 
 
+def decode_utf8(raw: bytes, path: object) -> str:
+    """`raw` (the bytes of file `path`) as text; ValueError naming the file, line, column and
+    byte if it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, line_start = raw.count(b"\n", 0, err.start) + 1, raw.rfind(b"\n", 0, err.start) + 1
+        raise ValueError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at "
+                         f"column {err.start - line_start + 1})") from None
+
+
 def _is_secret_key(key: object) -> bool:
     return (isinstance(key, str) and not key.lower().endswith("_env")
             and _SECRET_KEY.search(key) is not None and not _SPECIAL_TOKEN_KEY.fullmatch(key))
@@ -405,11 +416,9 @@ def _read_yaml(path: Path) -> tuple[dict, dict[str, int]]:
     except OSError as err:
         raise ConfigError(f"{path}: cannot read config file ({err.strerror})") from None
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line, line_start = raw.count(b"\n", 0, err.start) + 1, raw.rfind(b"\n", 0, err.start) + 1
-        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at "
-                          f"column {err.start - line_start + 1})") from None
+        text = decode_utf8(raw, path)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     try:
         loader = yaml.SafeLoader(text)
         try:

@@ -393,3 +393,18 @@ def test_hostile_replies_never_show_the_key(server, gzip_bomb, caplog):
     assert "implausible usage" in caplog.text and "DecodingError" in caplog.text
     assert SECRET not in caplog.text
     assert all(SECRET not in repr(c) for c in calls)
+
+
+def test_non_utf8_channel_and_cost_ref_files_name_file_and_line(tmp_path):
+    from jax_routeweaver.routing.pricing import load_cost_ref
+    from jax_routeweaver.routing.workers import ChannelConfigError, load_channels
+
+    channels = tmp_path / "channels.yaml"
+    channels.write_bytes(b"workers:\n  worker_1:\n    description: caf\xe9\n")
+    with pytest.raises(ChannelConfigError, match=r"channels\.yaml:3: not valid UTF-8 "
+                                                 r"\(byte 0xe9 at column 21\)"):
+        load_channels(channels)
+    cost_ref = tmp_path / "cost_ref.json"
+    cost_ref.write_bytes(b'{"c_ref_usd": 0.1,\n "note": "\xff"}')
+    with pytest.raises(ValueError, match=r"cost_ref\.json:2: not valid UTF-8 \(byte 0xff"):
+        load_cost_ref(cost_ref)

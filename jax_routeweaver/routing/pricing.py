@@ -24,6 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from jax_routeweaver.config import decode_utf8
 from jax_routeweaver.routing.calls import Usage, WorkerCall
 
 PRICE_TABLE_VERSION = "fixed-reference-2026-09-20"
@@ -249,7 +250,7 @@ def load_cost_ref(path: str | Path, *, price_table_version: str | None = PRICE_T
     have been computed with that price table: a C_ref is only meaningful under its prices."""
     path = Path(path)
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(decode_utf8(path.read_bytes(), path))
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no cost-reference file") from None
     except json.JSONDecodeError as e:

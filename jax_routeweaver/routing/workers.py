@@ -80,6 +80,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from jax_routeweaver.config import decode_utf8
 from jax_routeweaver.routing.calls import Usage, WorkerCall
 from jax_routeweaver.routing.pricing import WorkerPrice
 
@@ -181,10 +182,11 @@ def load_channels(path: str | os.PathLike[str]) -> ChannelConfig:
     """Parse and validate a channel YAML file; raises ChannelConfigError naming file and field."""
     path = str(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            raw = yaml.safe_load(handle)
+        raw = yaml.safe_load(decode_utf8(Path(path).read_bytes(), path))
     except OSError as err:
         raise ChannelConfigError(f"{path}: cannot read channel file ({err.strerror})") from None
+    except ValueError as err:  # not UTF-8
+        raise ChannelConfigError(str(err)) from None
     except yaml.YAMLError as err:
         raise ChannelConfigError(f"{path}: not valid YAML ({err})") from None
     return parse_channels(raw, path)
