@@ -29,7 +29,13 @@ import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from jax_routeweaver.rewards.sandbox.runner import LEVELS, Level, RunResult, Sandbox
+from jax_routeweaver.rewards.sandbox.runner import (
+    LEVELS,
+    Level,
+    RunResult,
+    Sandbox,
+    SandboxError,
+)
 
 __all__ = ["EXPECTED", "GUARANTEES", "Outcome", "check", "format_report"]
 
@@ -154,10 +160,10 @@ def no_network(sb: Sandbox) -> Outcome:
         """)
     reached = _last_json_list(result)
     # A UDP send "succeeds" on the jail's own loopback: only the host listener can tell.
-    holds = not heard and not [r for r in reached if r != "udp"]
-    return Outcome("no_network", holds,
-                   f"connects that succeeded: {reached or 'none'}; host listeners heard: "
-                   f"{sorted(heard) or 'nothing'}")
+    connected = [r for r in reached if r != "udp"]
+    return Outcome("no_network", not heard and not connected,
+                   f"connections made: {connected or 'none'}; host listeners (tcp, udp, unix, "
+                   f"abstract) heard: {sorted(heard) or 'nothing'}")
 
 
 def no_privilege(sb: Sandbox) -> Outcome:
@@ -307,10 +313,13 @@ def check(sb: Sandbox) -> list[Outcome]:
 
 
 def levels_available() -> dict[str, str]:
-    """Level -> "available" or why not, each probed with its own sandbox."""
-    from jax_routeweaver.rewards.sandbox.runner import SandboxError
+    """Level -> "available" or why not, each jailed level probed with its own sandbox ("none",
+    a plain child, needs nothing)."""
     out = {}
     for level in LEVELS:
+        if level == "none":
+            out[level] = "available"
+            continue
         box = Sandbox(1, isolation=level)
         try:
             box.isolation  # noqa: B018
