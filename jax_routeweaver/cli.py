@@ -11,15 +11,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from jax_routeweaver.rewards.sandbox import Sandbox, SandboxError
+
 PROG = "routeweaver"
 DTYPES = ("float32", "bfloat16", "float16")
 EXIT_ERROR = 2
+
+UnraisableHook = Callable[["sys.UnraisableHookArgs"], object]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 # HF's convention (`max_shard_size="2GB"`): KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024.
@@ -112,13 +117,27 @@ def _export_hf_arguments(p: argparse.ArgumentParser) -> None:
                    help="write lm_head.weight even when embeddings are tied")
     p.add_argument("--max-shard-size", type=parse_size, default=parse_size("2GB"),
                    metavar="SIZE", help="largest safetensors file, e.g. 2GB, 500MB (default: 2GB)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty HF_DIR, replacing its safetensors, index, "
+                        "config and tokenizer files (default: refuse)")
     _add_mesh(p)
+
+
+def check_output_dir(path: Path, overwrite: bool) -> None:
+    """Refuse to write into `path` if it is not a directory, or is a non-empty one and
+    `overwrite` is false (FileExistsError naming it): an export would replace its files."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path}: not a directory")
+    if not overwrite and path.is_dir() and any(path.iterdir()):
+        raise FileExistsError(f"{path}: not empty; pass --overwrite to replace the "
+                              "checkpoint files in it, or give a new directory")
 
 
 def _export_hf(args: argparse.Namespace) -> int:
     from jax_routeweaver.models.hf import save_hf
     from jax_routeweaver.rl.checkpoint import TOKENIZER_DIR, restore_policy
 
+    check_output_dir(args.hf_dir, args.overwrite)  # before the (possibly long) restore
     model, step = restore_policy(args.ckpt_dir, args.step, mesh=_mesh(args.mesh),
                                  dtype=args.dtype)
     tokenizer = args.ckpt_dir / TOKENIZER_DIR
@@ -360,11 +379,13 @@ def _quickstart(args: argparse.Namespace) -> int:
     table.add_row("episodes", f"{len(trajs)} on simulated workers: modes {dict(modes)}, "
                               f"finish {dict(finishes)}, {sum(len(t.calls) for t in trajs)} "
                               f"calls, ${cost:.6f}")
+    sandbox_line, sandbox_ok = _sandbox_row()
+    table.add_row("sandbox", sandbox_line)
     console.print(table)
     console.print("[bold]generation[/] (random weights: expect noise)",
                   repr(tokenizer.decode(out.token_ids)))
     violations = [t.violation for t in trajs if t.violation is not None]
-    return 0 if diff < 1e-4 and not violations else 1
+    return 0 if diff < 1e-4 and not violations and sandbox_ok else 1
 
 
 def _quickstart_episodes(args: argparse.Namespace, tokenizer, model, cfg) -> list:
@@ -853,6 +874,52 @@ def _eval_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ sandbox
+def _sandbox_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND", required=True)
+    c = sub.add_parser("check", help="attack this host's code sandbox and report which "
+                                     "guarantees hold (docs/sandbox.md)",
+                       description="Probe which isolation levels this host gives, then run "
+                                   "each attack of jax_routeweaver/rewards/sandbox/check.py "
+                                   "against one level. Exit 1 if a guarantee it promises "
+                                   "does not hold, 2 if the level is not available.")
+    c.add_argument("--isolation", choices=("full", "namespaces", "none"), default=None,
+                   help="the level to attack (default: $ROUTEWEAVER_SANDBOX, else full)")
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    from jax_routeweaver.rewards.sandbox import check
+
+    for level, state in check.levels_available().items():
+        print(f"{level:<11} {state}")
+    box = Sandbox(2, isolation=args.isolation)
+    try:
+        report, ok = check.format_report(box, check.check(box))
+    finally:
+        box.close()
+    print(report)
+    return 0 if ok else 1
+
+
+def _sandbox_row() -> tuple[str, bool]:
+    """selfcheck's line on the code sandbox (the default level, attacked) and whether every
+    guarantee it promises holds."""
+    from jax_routeweaver.rewards.sandbox import check
+
+    box = Sandbox(2)
+    try:
+        outcomes = check.check(box)
+        _, ok = check.format_report(box, outcomes)
+        promised = check.EXPECTED[box.isolation.level]
+        held = sum(o.holds for o in outcomes if o.name in promised)
+        return (f"isolation {box.isolation.level}: {held}/{len(promised)} promised guarantees "
+                f"hold (details: {PROG} sandbox check)"), ok
+    except SandboxError as e:
+        return _one_line(e, 300), False
+    finally:
+        box.close()
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("import-hf", "convert a Hugging Face checkpoint into a policy checkpoint step",
             _import_hf_arguments, _import_hf),
@@ -861,8 +928,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("train", "train a router with RL from a YAML config (+ key.sub=value overrides)",
             _train_arguments, _train),
     Command("selfcheck", "check every part end to end on CPU in about a minute (tokenizer, "
-            "sharded model, orbax, HF export parity, sampler, episodes)",
+            "sharded model, orbax, HF export parity, sampler, episodes, code sandbox)",
             _quickstart_arguments, _quickstart),
+    Command("sandbox", "the code sandbox: `sandbox check` attacks it on this host and says "
+            "which guarantees hold", _sandbox_arguments, _sandbox),
     Command("plan", "per-device memory of the train step for a config's real shapes on "
             "named machines (compiled on fake CPU devices, no weights)", _plan_arguments,
             _plan),
@@ -898,6 +967,32 @@ def _quiet_libraries(verbose: bool) -> None:
     level = logging.INFO if verbose else logging.ERROR
     for name in ("absl", "orbax", "jax"):
         logging.getLogger(name).setLevel(level)
+    if not verbose and not getattr(sys.unraisablehook, "drops_orbax_leftovers", False):
+        sys.unraisablehook = _drop_orbax_leftovers(sys.unraisablehook)
+
+
+def _orbax_leftover(args: sys.UnraisableHookArgs) -> bool:
+    """Whether `args` reports a read orbax abandoned when another array of a checkpoint could
+    not be read: orbax closes its event loop under the reads still in flight, which then fail
+    to call back into it from tensorstore threads ("Event loop is closed"), and their
+    coroutines raise again when collected. The CheckpointError naming the checkpoint has
+    said what is wrong."""
+    if args.object is None:
+        return args.exc_type is RuntimeError and str(args.exc_value) == "Event loop is closed"
+    code = getattr(args.object, "cr_code", None)
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+def _drop_orbax_leftovers(hook: UnraisableHook) -> UnraisableHook:
+    """`hook` minus the reports `_orbax_leftover` recognizes (unraisable: they would print
+    tracebacks around the one-line error, at any time until the process exits)."""
+
+    def quiet(args: sys.UnraisableHookArgs) -> None:
+        if not _orbax_leftover(args):
+            hook(args)
+
+    quiet.drops_orbax_leftovers = True  # type: ignore[attr-defined]
+    return quiet
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -910,8 +1005,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_libraries(args.verbose)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
-        # CheckpointError, ConfigError and ShardingError are ValueErrors.
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+            PermissionError, SandboxError) as e:
+        # CheckpointError, ConfigError and ShardingError are ValueErrors; SandboxError says
+        # what the host lacks for the code sandbox.
         if args.traceback:
             raise
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)

@@ -25,7 +25,9 @@ from jax_routeweaver.models.sharding import (
 )
 from jax_routeweaver.rl.checkpoint import (
     CONFIG_ITEM,
+    PARAMS_ITEM,
     PolicyCheckpointer,
+    StateCheckpointer,
     latest_step,
     list_steps,
     restore_policy,
@@ -308,3 +310,72 @@ def test_a_step_written_on_8_devices_reads_in_a_1_device_process(tmp_path, devic
     read = np.load(out)
     for path, value in flat_params(model).items():
         assert read[".".join(path)].tobytes() == np.asarray(value).tobytes(), path
+
+
+def truncate_arrays(item_dir) -> None:
+    """Cut to half the largest of an orbax item's OCDBT data files (`ocdbt.process_*/d/*`,
+    which hold the array bytes): a checkpoint truncated by a full disk or a killed copy."""
+    data = max(item_dir.glob("ocdbt.process_*/d/*"), key=lambda f: f.stat().st_size)
+    os.truncate(data, data.stat().st_size // 2)
+
+
+def files(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_truncated_policy_step_is_a_one_line_checkpoint_error(tmp_path):
+    step_dir = save_policy(make_model(), tmp_path, 4)
+    truncate_arrays(step_dir / PARAMS_ITEM)
+    before = files(tmp_path)
+    with pytest.raises(CheckpointError) as err:
+        restore_policy(tmp_path)
+    assert str(err.value).startswith(f"checkpoint {step_dir}: unreadable (truncated or "
+                                     "corrupt: ")
+    assert "\n" not in str(err.value)
+    assert files(tmp_path) == before
+
+
+def state_tree(seed: int = 0) -> dict[str, jax.Array]:
+    """A small train state, committed to one device like a live trainer's arrays."""
+    device = jax.devices()[0]
+    a = jax.random.normal(jax.random.key(seed), (64, 256))
+    return {"a": jax.device_put(a, device), "step": jax.device_put(jnp.int32(seed), device)}
+
+
+def test_truncated_train_state_is_a_one_line_checkpoint_error(tmp_path):
+    # One array: with several, orbax's reads still in flight report "Event loop is closed"
+    # to sys.unraisablehook once the first failed (the CLI drops those reports).
+    state = {"a": state_tree()["a"]}
+    with StateCheckpointer(tmp_path) as ckpt:
+        ckpt.save(3, state, {"data": 3})
+    truncate_arrays(tmp_path / "3" / "train_state")
+    before = files(tmp_path)
+    with StateCheckpointer(tmp_path) as ckpt, pytest.raises(CheckpointError) as err:
+        ckpt.restore(state)
+    assert str(err.value).startswith(f"checkpoint {tmp_path / '3'}: unreadable (truncated or "
+                                     "corrupt: ")
+    assert "\n" not in str(err.value)
+    assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize("keep", [0, -1])
+def test_state_checkpointer_refuses_to_keep_no_state(tmp_path, keep):
+    with pytest.raises(ValueError, match=rf"keep={keep}: must keep at least 1"):
+        StateCheckpointer(tmp_path / "state", keep=keep)
+    assert not (tmp_path / "state").exists()
+
+
+def test_state_pruning_keeps_the_newest(tmp_path):
+    def on_disk() -> list[int]:
+        return sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit())
+
+    with StateCheckpointer(tmp_path, keep=2) as ckpt:
+        for step, kept in ((1, [1]), (2, [1, 2]), (3, [2, 3])):
+            ckpt.save(step, state_tree(step), {"data": step})
+            assert on_disk() == kept
+        ckpt.keep = 0  # never accepted, but pruning must still spare the newest state
+        ckpt.save(4, state_tree(4), {"data": 4})
+        assert on_disk() == [4]
+        state, loop, step = ckpt.restore(state_tree())
+    assert (step, loop) == (4, {"data": 4})
+    np.testing.assert_array_equal(np.asarray(state["a"]), np.asarray(state_tree(4)["a"]))

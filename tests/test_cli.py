@@ -2,15 +2,18 @@
 console script runs; errors are one line and exit code 2."""
 
 import argparse
+import gc
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
+from test_checkpoint import truncate_arrays
 from tiny_models import make_hf_model
 from transformers import AutoModelForCausalLM
 
@@ -109,6 +112,30 @@ def test_export_from_empty_dir_fails_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_export_into_a_non_empty_dir_needs_overwrite(tmp_path, capsys, tiny_hf_dir):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    assert run(capsys, "import-hf", tiny_hf_dir, ckpt)[0] == 0
+    assert run(capsys, "export-hf", ckpt, out, "--max-shard-size", "100KB")[0] == 0
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    (out / "config.json").write_text('{"edited": "by hand"}\n')
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.iterdir()}
+
+    code, stdout, err = run(capsys, "export-hf", ckpt, out)
+    assert code == 2 and stdout == ""
+    assert err == (f"routeweaver: error: {out}: not empty; pass --overwrite to replace the "
+                   "checkpoint files in it, or give a new directory\n")
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.iterdir()} == before
+
+    # --overwrite: as before the flag existed, the export replaces the directory's checkpoint.
+    code, _, err = run(capsys, "export-hf", ckpt, out, "--overwrite")
+    assert (code, err) == (0, "")
+    assert not list(out.glob("model-*.safetensors"))
+    assert not (out / "model.safetensors.index.json").exists()
+    assert "edited" not in (out / "config.json").read_text()
+    assert sorted(tensors(out)) == sorted(tensors(tiny_hf_dir))
+
+
 def test_errors_exit_2(tmp_path, capsys, tiny_hf_dir):
     missing = tmp_path / "missing"
     code, _, err = run(capsys, "export-hf", missing, tmp_path / "out")
@@ -125,6 +152,41 @@ def test_errors_exit_2(tmp_path, capsys, tiny_hf_dir):
     assert run(capsys, "export-hf", "a", "b", "--max-shard-size", "2XB")[0] == 2
     assert run(capsys, "no-such-command")[0] == 2
     assert run(capsys, "--help")[0] == 0
+
+
+def test_truncated_checkpoint_is_one_line_and_orbax_leftovers_are_dropped(
+        tmp_path, capsys, monkeypatch, tiny_hf_dir):
+    """A failed array read makes orbax abandon its other reads, which report to
+    sys.unraisablehook at any time until the process exits (tracebacks around the one-line
+    error): the CLI drops exactly those reports; -v keeps them."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    ckpt = tmp_path / "ckpt"
+    assert run(capsys, "import-hf", tiny_hf_dir, ckpt)[0] == 0
+    truncate_arrays(ckpt / "0" / "params")
+    hook = sys.unraisablehook
+    for _ in range(3):
+        code, stdout, err = run(capsys, "export-hf", ckpt, tmp_path / "out")
+        gc.collect()  # the abandoned reads' coroutines report when collected
+        assert (code, stdout) == (2, "")
+        assert err.startswith(f"routeweaver: error: checkpoint {ckpt / '0'}: unreadable "
+                              "(truncated or corrupt: ") and err.count("\n") == 1
+    assert sys.unraisablehook is hook  # wrapped once, however often main() runs
+    assert seen == [] and not (tmp_path / "out").exists()
+
+    def report(message: str, obj: object = None) -> SimpleNamespace:
+        return SimpleNamespace(exc_type=RuntimeError, exc_value=RuntimeError(message),
+                               exc_traceback=None, err_msg=None, object=obj)
+
+    late, other, owned = (report("Event loop is closed"), report("something else"),
+                          report("Event loop is closed", obj="not a coroutine"))
+    for args in (late, other, owned):
+        sys.unraisablehook(args)
+    assert seen == [other, owned]
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    assert run(capsys, "-v", "export-hf", ckpt, tmp_path / "out")[0] == 2
+    sys.unraisablehook(late)
+    assert seen[-1] is late
 
 
 @pytest.mark.parametrize("text, size", [

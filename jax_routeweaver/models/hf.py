@@ -36,7 +36,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 class CheckpointError(ValueError):
-    """A checkpoint whose tensors do not match the config (missing, extra, wrong shape)."""
+    """A checkpoint that cannot be used: its tensors do not match the config (missing, extra,
+    wrong shape), or its files are missing, truncated or corrupt. The message is one line
+    naming the checkpoint path (the CLI prints it as is)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -167,8 +167,10 @@ class PolicyCheckpointer:
         if step in existing:
             raise CheckpointError(f"{self.dir}: step {step} already exists "
                                   f"(steps: {existing})")
-        # Checked before writing, so a bad path does not leave a step without its tokenizer.
-        files = tokenizer_files(tokenizer_dir) if tokenizer_dir is not None else []
+        # Checked before writing, so a bad path does not leave a step without its tokenizer;
+        # by process 0 only, which copies it (the others need not see it yet).
+        files = tokenizer_files(tokenizer_dir) \
+            if tokenizer_dir is not None and jax.process_index() == 0 else []
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         args = ocp.args.Composite(**{
             PARAMS_ITEM: ocp.args.StandardSave(params),
@@ -226,7 +228,8 @@ class PolicyCheckpointer:
         without, onto one local device. `dtype` sets the parameter (and, unless
         `compute_dtype` is given, compute) dtype, cast while reading. `runtime`: any of
         RUNTIME_OPTIONS. Raises FileNotFoundError for a missing step (naming the available
-        ones) and CheckpointError for a missing or corrupt item.
+        ones) and CheckpointError for a missing or corrupt item, or for stored arrays that
+        cannot be read (a truncated or corrupt data file: `unreadable`).
         """
         step = self._resolve(step)
         cfg = _with_runtime(self.read_config(step), dtype, runtime)
@@ -241,9 +244,10 @@ class PolicyCheckpointer:
             restored = self._manager.restore(step, args=args)[PARAMS_ITEM]
         except (KeyError, FileNotFoundError) as e:
             raise CheckpointError(f"{where}: missing ({first_line(e)})") from e
-        except ValueError as e:
-            raise CheckpointError(f"{where}: does not match its model_config "
-                                  f"({first_line(e)})") from e
+        except Exception as e:  # orbax wraps tensorstore's read errors in a bare Exception
+            if not is_read_error(e):
+                raise
+            raise unreadable(self.step_dir(step), e) from e
         nnx.replace_by_pure_dict(params, restored)
         return nnx.merge(graphdef, params, rest), step
 
@@ -257,6 +261,22 @@ class PolicyCheckpointer:
         if stored is None:
             raise CheckpointError(f"{where}: missing")
         return flatten(getattr(stored, "tree", stored))
+
+
+def is_read_error(e: BaseException) -> bool:
+    """Whether `e` is how orbax reports stored data it cannot read: tensorstore's ValueError
+    (OUT_OF_RANGE, DATA_LOSS, ...: a truncated or corrupt data file), json's (a ValueError),
+    an OSError, or the bare `Exception` orbax raises around them while reading an array."""
+    return isinstance(e, ValueError | OSError) or type(e) is Exception
+
+
+def unreadable(step_dir: str | Path, e: BaseException) -> CheckpointError:
+    """The one-line error for a checkpoint step whose stored data cannot be read: names the
+    step directory and the innermost cause (orbax's own message is a pointer to it)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return CheckpointError(f"checkpoint {step_dir}: unreadable (truncated or corrupt: "
+                           f"{first_line(e)})")
 
 
 def _check_shapes(stored: dict[tuple[str, ...], Any], want: dict[tuple[str, ...], Any],
@@ -358,18 +378,28 @@ def _keyed_leaves(tree: Any) -> dict[str, Any]:
 class StateCheckpointer:
     """Full train state every N steps, for exact resume: the state pytree (params, optimizer
     state, step, RNG: arrays, restored into the shardings of a live template) and a JSON
-    `loop` item (data-iterator position, reward-window state, anything JSON-able)."""
+    `loop` item (data-iterator position, reward-window state, anything JSON-able).
+
+    `keep`: after each save, keep only the `keep` newest steps (None keeps all); it must be at
+    least 1 (ValueError otherwise), and pruning never deletes the newest step whatever `keep`
+    says. Restoring a step whose data cannot be read, or that another model or optimizer
+    saved, is a one-line CheckpointError naming the step directory; nothing is deleted.
+    """
 
     def __init__(self, ckpt_dir: str | Path, *, keep: int | None = 2):
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep={keep}: must keep at least 1 full train state (or None "
+                             "to keep all)")
         self.dir = Path(ckpt_dir).absolute()
-        policy = None if keep is None else ocp.checkpoint_managers.LatestN(n=keep)
+        self.keep = keep
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
         for item, arg_types in ((STATE_ITEM, (ocp.args.StandardSave, ocp.args.StandardRestore)),
                                 (LOOP_ITEM, (ocp.args.JsonSave, ocp.args.JsonRestore))):
             for arg_type in arg_types:
                 registry.add(item, arg_type)
-        options = ocp.CheckpointManagerOptions(step_name_format=STEP_FORMAT,
-                                               preservation_policy=policy)
+        # Pruned by `_prune`, not by an orbax preservation policy: the newest step's survival
+        # is then this class's guarantee.
+        options = ocp.CheckpointManagerOptions(step_name_format=STEP_FORMAT)
         self._manager = ocp.CheckpointManager(self.dir, options=options,
                                               handler_registry=registry)
 
@@ -386,20 +416,45 @@ class StateCheckpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def step_dir(self, step: int) -> Path:
+        return self.dir / STEP_FORMAT.build_name(step)
+
     def save(self, step: int, state: Any, loop: dict[str, Any]) -> None:
-        """Save and wait until committed (a resume must never see half a step)."""
+        """Save and wait until committed (a resume must never see half a step), then prune."""
         args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardSave(_keyed_leaves(state)),
                                      LOOP_ITEM: ocp.args.JsonSave(loop)})
         self._manager.save(int(step), args=args, force=True)
         self._manager.wait_until_finished()
+        self._prune()
 
-    def read_loop(self, step: int | None = None) -> dict[str, Any]:
-        """The JSON `loop` item of a saved step (latest by default), without the arrays."""
+    def _prune(self) -> list[int]:
+        """Delete all but the `keep` newest steps, never the newest; returns the deleted."""
+        if self.keep is None:
+            return []
+        steps = sorted(self._manager.all_steps())
+        old = steps[:max(len(steps) - max(self.keep, 1), 0)]
+        for s in old:
+            self._manager.delete(s)
+        return old
+
+    def _step(self, step: int | None) -> int:
         step = self._manager.latest_step() if step is None else int(step)
         if step is None:
             raise FileNotFoundError(f"{self.dir}: no train-state checkpoint")
-        got = self._manager.restore(step, args=ocp.args.Composite(
-            **{LOOP_ITEM: ocp.args.JsonRestore()}))
+        return step
+
+    def read_loop(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON `loop` item of a saved step (latest by default), without the arrays."""
+        step = self._step(step)
+        try:
+            got = self._manager.restore(step, args=ocp.args.Composite(
+                **{LOOP_ITEM: ocp.args.JsonRestore()}))
+        except KeyError as e:
+            raise CheckpointError(f"{self.step_dir(step)}: missing ({first_line(e)})") from e
+        except Exception as e:
+            if not is_read_error(e):
+                raise
+            raise unreadable(self.step_dir(step), e) from e
         return dict(got[LOOP_ITEM])
 
     def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict[str, Any], int]:
@@ -407,34 +462,50 @@ class StateCheckpointer:
         A leaf the template holds uncommitted (a fresh optimizer state, which the first
         jitted update places) comes back uncommitted on the default device, as at a fresh
         start: committed to one device it would clash with mesh-sharded params in the next
-        update. A state saved from a different model or optimizer is a CheckpointError."""
-        step = self._manager.latest_step() if step is None else int(step)
-        if step is None:
-            raise FileNotFoundError(f"{self.dir}: no train-state checkpoint")
+        update. A state saved from a different model or optimizer, or one whose stored data
+        cannot be read (`unreadable`), is a CheckpointError."""
+        step = self._step(step)
         treedef = jax.tree_util.tree_structure(template)
         keyed = _keyed_leaves(template)
+        where = self.step_dir(step)
+        # Compared first, from the metadata: a read error of the arrays then means bad data.
+        self._check_leaves(step, keyed, where)
         loose = {k for k, v in keyed.items() if not getattr(v, "committed", True)}
         target = {k: np.empty(v.shape, v.dtype) if k in loose
                   else jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
                   for k, v in keyed.items()}
         args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(target),
                                      LOOP_ITEM: ocp.args.JsonRestore()})
-        where = self.dir / str(step)
         try:
             got = self._manager.restore(step, args=args)
-        except (KeyError, ValueError, FileNotFoundError) as e:
-            raise CheckpointError(f"{where}: cannot restore the train state into this "
-                                  f"model/optimizer ({first_line(e)})") from e
+        except KeyError as e:
+            raise CheckpointError(f"{where}: missing ({first_line(e)})") from e
+        except Exception as e:  # orbax wraps tensorstore's read errors in a bare Exception
+            if not is_read_error(e):
+                raise
+            raise unreadable(where, e) from e
         restored = got[STATE_ITEM]
-        if set(restored) != set(keyed):
-            raise CheckpointError(f"{where}: train-state leaves differ from this run's")
-        # A numpy target does not pin the shape: check it (a different model otherwise loads).
-        bad = [k for k in loose if np.shape(restored[k]) != tuple(keyed[k].shape)]
-        if bad:
-            raise CheckpointError(f"{where}: cannot restore the train state into this "
-                                  f"model/optimizer (leaf {bad[0]} has shape "
-                                  f"{np.shape(restored[bad[0]])}, this run's "
-                                  f"{tuple(keyed[bad[0]].shape)})")
         state = jax.tree_util.tree_unflatten(
             treedef, [jnp.asarray(restored[k]) if k in loose else restored[k] for k in keyed])
         return state, dict(got[LOOP_ITEM]), step
+
+    def _check_leaves(self, step: int, keyed: dict[str, Any], where: Path) -> None:
+        """CheckpointError unless `step` stores exactly `keyed`'s leaves with their shapes."""
+        try:
+            stored = self._manager.item_metadata(step)[STATE_ITEM]
+        except KeyError as e:
+            raise CheckpointError(f"{where}: missing ({first_line(e)})") from e
+        except Exception as e:
+            if not is_read_error(e):
+                raise
+            raise unreadable(where, e) from e
+        if stored is None:
+            raise CheckpointError(f"{where}: no {STATE_ITEM} item")
+        stored = dict(getattr(stored, "tree", stored))
+        if set(stored) != set(keyed):
+            raise CheckpointError(f"{where}: train-state leaves differ from this run's")
+        for k, v in keyed.items():
+            if tuple(stored[k].shape) != tuple(v.shape):
+                raise CheckpointError(f"{where}: cannot restore the train state into this "
+                                      f"model/optimizer (leaf {k} has shape "
+                                      f"{tuple(stored[k].shape)}, this run's {tuple(v.shape)})")

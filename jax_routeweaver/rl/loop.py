@@ -46,7 +46,12 @@ from jax_routeweaver.rl.batch import (
     mode_mask,
     pack_rollouts,
 )
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, restore_policy
+from jax_routeweaver.rl.checkpoint import (
+    PolicyCheckpointer,
+    StateCheckpointer,
+    list_steps,
+    restore_policy,
+)
 from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
 from jax_routeweaver.rl.run_log import Progress, RunLogger, plot_run, read_metrics, summary_table
 from jax_routeweaver.rl.sidecar import Sidecar
@@ -294,31 +299,46 @@ class _Run:
         ckpt = self.out / "checkpoints"
         self.policy_ckpt = PolicyCheckpointer(ckpt / "policy", keep=cfg.checkpoint.keep_policy)
         self.state_ckpt = StateCheckpointer(ckpt / "state", keep=cfg.checkpoint.keep_full)
+        # Written by `write_record`, once the run is known to start.
         self.tokenizer_dir = self.out / "tokenizer"
-        if self.runtime.is_main:
-            self.tokenizer.save_pretrained(str(self.tokenizer_dir))
+        self.recorded = False
         self.iterator = iter(self.pipeline)
         self.step = 0
+
+    def write_record(self) -> None:
+        """Write the run's record, config.yaml (atomically) and tokenizer/ (main process
+        only, once). Called only when the run is known to start (config, data, model and any
+        restored state all checked), so a failed start never rewrites an existing run's
+        record with a config that did not run."""
+        if self.recorded:
+            return
+        if self.runtime.is_main:
+            self.tokenizer.save_pretrained(str(self.tokenizer_dir))
+            dump_config(self.cfg, self.out / CONFIG_FILE)
+        self.recorded = True
 
     # -------------------------------------------------------------- resume
     def resume(self) -> bool:
         """Continue from the latest full train state in the run directory, if any (else
-        start from ``checkpoint.init_from``'s, when given; that is not a resume)."""
+        start from ``checkpoint.init_from``'s, when given; that is not a resume). Everything
+        is restored and checked before the abandoned attempt's policy steps are deleted: a
+        failed resume (CheckpointError for an unreadable or incompatible state) deletes
+        nothing."""
         if not self.cfg.checkpoint.resume or self.state_ckpt.latest_step() is None:
             if self.cfg.checkpoint.init_from:
                 self.start_from(Path(self.cfg.checkpoint.init_from))
             return False
         state, loop, step = self.state_ckpt.restore(self.trainer.state)
-        # Policy steps after the restored state belong to the abandoned attempt.
-        self.policy_ckpt.delete_after(step)
-        self.trainer.state = state
+        if self.r1_scorer is not None and r1run.WINDOW_KEY not in loop:
+            raise ValueError(f"{self.state_ckpt.step_dir(step)}: the saved loop state has "
+                             "no Router-R1 cost window (not a router_r1 run?)")
         self.iterator.set_state(loop["data"])
         self._load_sampler_shapes(loop)
         if self.r1_scorer is not None:
-            if r1run.WINDOW_KEY not in loop:
-                raise ValueError(f"{self.state_ckpt.dir / str(step)}: the saved loop state has "
-                                 "no Router-R1 cost window (not a router_r1 run?)")
             self.r1_scorer.load_state_dict(loop[r1run.WINDOW_KEY])
+        self.trainer.state = state
+        # Policy steps after the restored state belong to the abandoned attempt.
+        self.policy_ckpt.delete_after(step)
         self.step = step
         self.publish(step)
         return True
@@ -350,6 +370,7 @@ class _Run:
         for _ in range(step):  # the data position of a run that trained `step` batches
             next(self.iterator)
         self.step = step
+        self.write_record()  # the policy save below copies the tokenizer from the record
         self.policy_ckpt.save(self.trainer.model(), step, tokenizer_dir=self.tokenizer_dir,
                               block=True)
         self.publish(step)
@@ -509,20 +530,36 @@ class _Run:
         self.events.close()
 
 
+def check_run_dir(cfg: TrainConfig) -> None:
+    """Refuse, before anything is built or written, a run directory this config cannot
+    continue: ValueError naming `cfg.out_dir` if it resumes and its newest full train state
+    is past ``steps`` (the run already trained more steps than asked)."""
+    out = Path(cfg.out_dir)
+    full = list_steps(out / "checkpoints" / "state") if cfg.checkpoint.resume else []
+    if full and full[-1] > cfg.steps:
+        raise ValueError(f"{out}: the run already has {full[-1]} steps, more than "
+                         f"steps={cfg.steps}; give steps > {full[-1]} to continue it, or a "
+                         "new out_dir")
+
+
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     """Run `cfg.steps` RL steps (resuming a run in `cfg.out_dir` when allowed). Multi-host
     (see `rl.distributed`): every process runs this; each rolls out its share of the queries,
-    all write the orbax checkpoints, and only process 0 writes the config, logs and plots."""
+    all write the orbax checkpoints, and only process 0 writes the config, logs and plots.
+
+    Everything is checked before the run's record is written (`check_run_dir`, the data,
+    the model, the restored state): a run that fails to start leaves an existing run
+    directory's config.yaml, tokenizer and checkpoints as they were."""
     console = console or Console()
     runtime = distributed.initialize()
     main = runtime.is_main
     out = Path(cfg.out_dir)
+    check_run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    if main:
-        dump_config(cfg, out / CONFIG_FILE)
     run = _Run(cfg, console, runtime)
     try:
         resumed = run.resume()
+        run.write_record()
         if resumed and main:
             console.print(f"resuming {out} after step {run.step}")
         with RunLogger(out, jsonl=cfg.logging.jsonl and main,

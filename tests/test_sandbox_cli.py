@@ -1,0 +1,39 @@
+"""`routeweaver sandbox check` and selfcheck's sandbox row: the real attacks on this host, and
+one line with exit code 2 where the isolation asked for is not available."""
+
+import pytest
+
+from jax_routeweaver import cli
+from jax_routeweaver.rewards.sandbox import check, jail
+
+pytestmark = pytest.mark.integration
+
+
+def test_sandbox_check_reports_every_guarantee(capsys):
+    assert cli.main(["sandbox", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "full        available" in out and "sandbox isolation: full" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and
+            line.split()[0] in check.GUARANTEES]
+    assert [r[0] for r in rows] == list(check.GUARANTEES)
+    assert all(r[1:3] == ["yes", "yes"] for r in rows), out
+
+
+def test_sandbox_check_without_bubblewrap_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.setattr(jail, "find_bwrap", lambda: None)
+    assert cli.main(["sandbox", "check"]) == 2
+    captured = capsys.readouterr()
+    assert "full        sandbox: isolation 'full' is not available" in captured.out
+    errors = captured.err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("routeweaver: error: sandbox: isolation "
+                                                     "'full' is not available")
+    assert "bubblewrap (bwrap) is not installed" in errors[0]
+
+
+def test_selfcheck_row(monkeypatch):
+    line, ok = cli._sandbox_row()
+    assert ok and line.startswith("isolation full: 8/8 promised guarantees hold")
+    monkeypatch.setenv("ROUTEWEAVER_SANDBOX", "namespaces")
+    monkeypatch.setattr(jail, "find_bwrap", lambda: None)
+    line, ok = cli._sandbox_row()
+    assert not ok and "'namespaces' is not available" in line
