@@ -384,6 +384,8 @@ def test_the_harness_is_a_real_module_file():
     argv = jail.bwrap_argv("bwrap", {}, ["{}"])
     assert "-c" not in argv and argv[-2] == jail.HARNESS
     assert f"{jail._CHILD_SOURCE}" in argv and jail._CHILD_SOURCE.is_file()
+    # the launcher's staging tmpfs never hides a path the jail binds (a checkout under /tmp)
+    assert not any(jail._within(p, jail.stage_dir()) for p in jail.readable_paths())
 
 
 # ------------------------------------------------------------------------------ scored wrong

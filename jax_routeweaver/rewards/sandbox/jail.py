@@ -144,11 +144,26 @@ def _uid_range() -> tuple[int, int]:
     return 40_000, 60_000
 
 
+@functools.cache
+def stage_dir() -> str:
+    """A host directory that no path of the jail is under, nor any hidden directory: the
+    launcher's private tmpfs goes there while it re-exposes paths (it hides what was there,
+    in the launcher's own mount namespace only)."""
+    taken = [*readable_paths(), *(hidden for hidden, _ in exposures())]
+    for d in ("/var/tmp", "/tmp", "/dev/shm", "/mnt", "/media", "/srv"):
+        if os.path.isdir(d) and not os.path.islink(d) and not any(
+                _within(p, d) or _within(d, p) for p in taken):
+            return d
+    raise OSError(f"no directory to stage the jail's binds in: every candidate holds one of "
+                  f"{taken}")
+
+
 def launcher_argv(jail_argv: Sequence[str], *, cgroup_procs: Sequence[str],
                   uid: int | None) -> list[str]:
     """`jail_argv` started by `launch.py`: cgroups joined, then (root only) the uid drop."""
+    expose = [[h, list(p)] for h, p in exposures()] if uid is not None else []
     config = {"cgroup_procs": list(cgroup_procs), "uid": uid, "argv": list(jail_argv),
-              "expose": [[h, list(p)] for h, p in exposures()] if uid is not None else []}
+              "expose": expose, "stage": stage_dir() if expose else None}
     return [interpreter(), "-S", "-I", str(_LAUNCHER), json.dumps(config)]
 
 

@@ -25,7 +25,6 @@ import sys
 LAUNCH_FAILED = 96
 CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
-STAGE = "/tmp"  # a private tmpfs goes here to hold the binds while a directory is covered
 
 
 def fail(what):
@@ -39,17 +38,18 @@ def libc_call(libc, name, *args):
         fail(f"{name}{args[:2]}: {os.strerror(err)}")
 
 
-def expose(libc, groups):
+def expose(libc, groups, stage_dir):
     """`groups`: [[hidden_dir, [paths under it]], ...]: cover each hidden dir with a tmpfs
-    that holds read-only binds of its paths only."""
+    that holds binds of its paths only. `stage_dir` (a directory none of the paths is under)
+    gets a private tmpfs that holds the binds while their directory is covered."""
     libc_call(libc, "unshare", CLONE_NEWNS)
     libc_call(libc, "mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
-    libc_call(libc, "mount", b"tmpfs", STAGE.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+    libc_call(libc, "mount", b"tmpfs", stage_dir.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
               b"mode=700,size=64k")
     for k, (hidden, paths) in enumerate(groups):
         stages = []
         for j, path in enumerate(paths):
-            stage = os.path.join(STAGE, f"{k}-{j}")
+            stage = os.path.join(stage_dir, f"{k}-{j}")
             if os.path.isdir(path):
                 os.mkdir(stage, 0o700)
             else:
@@ -79,7 +79,7 @@ def main():
             libc = ctypes.CDLL(None, use_errno=True)
             libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
             if config["expose"]:
-                expose(libc, config["expose"])
+                expose(libc, config["expose"], config["stage"])
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
