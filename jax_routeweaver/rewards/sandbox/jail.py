@@ -67,8 +67,10 @@ def interpreter() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-def _python_paths() -> tuple[list[str], list[str]]:
-    """(paths to bind, site-packages dirs to cover) of the base interpreter."""
+@functools.cache
+def _python_paths() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(paths to bind, site-packages dirs to cover) of the base interpreter (looked up once,
+    not on every job)."""
     exe = interpreter()
     scheme = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
     binds = [exe, scheme["stdlib"], scheme["platstdlib"]]
@@ -78,7 +80,7 @@ def _python_paths() -> tuple[list[str], list[str]]:
     hidden = site.getsitepackages([sys.base_prefix, sys.base_exec_prefix])
     hidden += ["/usr/lib/python3/dist-packages",
                f"/usr/lib/python3.{sys.version_info.minor}/dist-packages"]
-    return binds, hidden
+    return tuple(binds), tuple(hidden)
 
 
 def readable_paths() -> list[str]:
