@@ -18,6 +18,28 @@ $(STAMP): requirements/cpu.lock requirements/apt.lock setup.cfg pyproject.toml
 
 install: $(STAMP)
 
+# Accelerator environments, run on the GPU host or TPU VM: the recipe above with
+# requirements/gpu.lock (JAX for CUDA 13, vLLM, CUDA torch) or requirements/tpu.lock (jax[tpu],
+# CPU torch, no vLLM). A $(VENV) built from another lock is refused (make clean-venv first, or
+# pass VENV=.venv-gpu to this and later targets). Both also stamp $(STAMP), so test, quickstart
+# and bench use the accelerator venv as it is; `make install-gpu test` is safe even after
+# cpu.lock, setup.cfg or pyproject.toml change (alone, test would then install cpu.lock over it).
+.PHONY: install-gpu install-tpu
+install-gpu: LOCK := gpu
+install-tpu: LOCK := tpu
+install-gpu install-tpu: requirements/apt.lock setup.cfg pyproject.toml
+	@test ! -x $(PY) || test "$$(cat $(VENV)/.lock 2>/dev/null)" = $(LOCK) || { \
+	  echo "$(VENV) was not built from requirements/$(LOCK).lock: make clean-venv first, or pass VENV=.venv-$(LOCK)" >&2; \
+	  exit 1; }
+	sh requirements/system-packages.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	echo $(LOCK) > $(VENV)/.lock
+	$(PY) -m pip install --quiet --upgrade "pip==26.3" "setuptools==78.1.1"
+	# Complete lock, so --no-deps as for cpu.lock (tpu.lock carries the index of its CPU torch).
+	$(PY) -m pip install --quiet --no-deps -r requirements/$(LOCK).lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports

@@ -58,7 +58,7 @@ Environment only:
                  (gcloud storage rsync -r; DEST relative to the remote home), e.g. the
                  policy's HF checkpoint and the training records.
   REMOTE_PYTHON  interpreter for the venv (default python3.11, apt-installed if missing)
-  JAX_TPU_SPEC   pip requirement for the TPU jax (default jax[tpu]==<jax pin of cpu.lock>)
+  JAX_TPU_SPEC   pip requirement replacing the TPU lock's jax (default: the lock's)
   TORCH_INDEX_URL  extra pip index for the lock's torch==...+cpu
                  (default https://download.pytorch.org/whl/cpu)
   LOG_LINES      lines shown by 'logs' (default 40)
@@ -179,10 +179,10 @@ rw_install() {  # DIR PYTHON JAX_SPEC TORCH_INDEX STAGE...
     "${apt[@]}" update && "${apt[@]}" install -y "$py" "$py-venv"
   fi
   command -v make >/dev/null || "${apt[@]}" install -y make
-  # The lock pins torch==...+cpu, which is on PyTorch's CPU index, not on PyPI.
-  PIP_EXTRA_INDEX_URL=$torch_index make install PYTHON="$py"
-  # No TPU lock exists: the TPU build of jax (jaxlib + libtpu) at the CPU lock's jax version.
-  .venv/bin/python -m pip install --quiet "$jax_spec"
+  # requirements/tpu.lock: jax[tpu] with its libtpu, and the CPU torch from the index it names.
+  PIP_EXTRA_INDEX_URL=$torch_index make install-tpu PYTHON="$py"
+  # An explicit JAX_TPU_SPEC replaces the lock's jax build.
+  [[ -z $jax_spec ]] || .venv/bin/python -m pip install --quiet "$jax_spec"
   echo "$(hostname): $(.venv/bin/python -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'), libtpu $(.venv/bin/python -m pip show libtpu 2>/dev/null | sed -n 's/^Version: //p')"
   local pair src dest
   for pair in "$@"; do
@@ -368,19 +368,13 @@ do_sync() {
 }
 
 do_install() {
-  local lock=$REPO_DIR/requirements/cpu.lock jax_version
-  if [[ -z $JAX_TPU_SPEC ]]; then
-    jax_version=$(sed -n 's/^jax==//p' "$lock")
-    [[ -n $jax_version ]] || die "no jax== pin in $lock: set JAX_TPU_SPEC"
-    JAX_TPU_SPEC="jax[tpu]==$jax_version"
-  fi
   local -a stage=()
   local pair
   for pair in $STAGE; do
     [[ $pair == gs://*=* ]] || die "STAGE entry '$pair' is not gs://SRC=DEST"
     stage+=("$pair")
   done
-  note "install: make install (requirements/cpu.lock) + $JAX_TPU_SPEC on all workers (no TPU lock exists)"
+  note "install: make install-tpu (requirements/tpu.lock)${JAX_TPU_SPEC:+ + $JAX_TPU_SPEC} on all workers"
   remote_all rw_install "$REMOTE_DIR" "$REMOTE_PYTHON" "$JAX_TPU_SPEC" "$TORCH_INDEX_URL" "${stage[@]}"
 }
 

@@ -17,6 +17,7 @@ from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import create_sharded, make_mesh, to_host
 from jax_routeweaver.rl.checkpoint import StateCheckpointer, save_policy
 from jax_routeweaver.rl.distributed import initialize
+from jax_routeweaver.rl.replica import HostReplicas
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -38,6 +39,13 @@ def main(out: str, ckpt: str) -> None:
         states.save(2, trainer.state, {"step": 2})
     params = {".".join(map(str, k)): to_host(v.get_value())
               for k, v in nnx.to_flat_state(trainer.state.params)}
+    # This host's sampler copy, resharded on device: tensor parallel over 2 of its own devices,
+    # equal to the trainer's parameters, and nothing of it on another host's devices.
+    replicas = HostReplicas(trainer.model(), tensor=2)
+    assert tuple(replicas.mesh.shape.values()) == (1, jax.local_device_count() // 2, 2)
+    for k, a in replicas.refresh(trainer.state.params).items():
+        assert a.is_fully_addressable and a.sharding.device_set <= set(jax.local_devices())
+        np.testing.assert_array_equal(np.asarray(a), params[".".join(map(str, k))])
     if runtime.is_main:
         np.savez(out, losses=np.array(losses), processes=runtime.num_processes,
                  local_devices=jax.local_device_count(), **params)

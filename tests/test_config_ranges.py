@@ -248,7 +248,7 @@ def test_bounded_checks_its_default_and_copies_a_dict_default():
 
 
 TRAIN_CONFIGS = sorted([*CONFIGS.glob("*.yaml"), *CONFIGS.glob("paper/*.yaml"),
-                        *CONFIGS.glob("ablations/*.yaml")])
+                        *CONFIGS.glob("ablations/*.yaml"), *CONFIGS.glob("tpu/*.yaml")])
 
 
 def test_every_yaml_outside_channels_is_a_train_config():

@@ -160,24 +160,41 @@ def test_two_hosts_run_the_training_loop(tmp_path):
 
 
 @pytest.mark.parametrize(("tensor", "shape"), [(2, (1, 4, 2)), (3, (1, 8, 1)), (-1, (1, 8, 1))])
-def test_a_hosts_sampler_mesh_spans_its_own_devices(devices, tensor, shape):
-    from jax_routeweaver.rl.loop import local_mesh
-
-    mesh = local_mesh(tensor)
-    assert tuple(mesh.shape.values()) == shape
-    assert set(mesh.devices.flat) == set(devices)
-
-
-def test_host_replica_is_the_policy_as_host_arrays():
+def test_a_hosts_sampler_copy_is_resharded_on_its_own_devices(devices, tensor, shape):
+    """One process of 8 devices: the policy FSDP-sharded for training comes back as the
+    sampler's copy on this host's sampler mesh, equal, as device arrays (no host copy)."""
+    import jax
     from test_trainer import CFG
 
     from jax_routeweaver.models.qwen3 import Qwen3
-    from jax_routeweaver.rl.loop import host_replica
+    from jax_routeweaver.models.sharding import create_sharded, make_mesh
+    from jax_routeweaver.rl.loop import replica_model
+    from jax_routeweaver.rl.replica import HostReplicas
 
-    model = Qwen3(CFG, rngs=nnx.Rngs(0))
-    replica = host_replica(model)
-    theirs = dict(nnx.to_flat_state(nnx.state(replica)))
-    for path, var in nnx.to_flat_state(nnx.state(model)):
+    model = create_sharded(lambda: Qwen3(CFG, rngs=nnx.Rngs(0)), make_mesh((2, 4, 1)))
+    replicas = HostReplicas(model, tensor)
+    assert tuple(replicas.mesh.shape.values()) == shape
+    assert set(replicas.mesh.devices.flat) == set(devices)
+    copy = replicas.refresh(nnx.state(model, nnx.Param))
+    sampler_model = replica_model(model, copy)
+    theirs = dict(nnx.to_flat_state(nnx.state(sampler_model, nnx.Param)))
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = theirs[path].get_value()
-        assert isinstance(value, np.ndarray)
-        np.testing.assert_array_equal(value, np.asarray(var.get_value()))
+        assert isinstance(value, jax.Array) and value.sharding.mesh.shape == replicas.mesh.shape
+        assert value.sharding.spec == replicas.specs[path]
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(var.get_value()))
+    with pytest.raises(ValueError, match="are not parameters of the model"):
+        replicas.refresh({("nope",): np.zeros(3)})
+
+
+def test_refresh_bytes_before_and_after():
+    from jax_routeweaver.rl.replica import refresh_bytes
+
+    gib = 2**30  # a 4B model in fp32 is ~16 GB; a host of 4 devices, sampler tensor 4
+    before = refresh_bytes(16 * gib, devices_per_host=4, tensor=4, gather_to_host=True)
+    after = refresh_bytes(16 * gib, devices_per_host=4, tensor=4, gather_to_host=False)
+    assert before.host_memory == 32 * gib and before.device_received == 16 * gib
+    assert after.host_memory == 0 and after.device_received == 16 * gib
+    # tensor 3 does not divide 4 devices: every device keeps the whole model
+    assert refresh_bytes(gib, devices_per_host=4, tensor=3,
+                         gather_to_host=False).device_received == 4 * gib

@@ -397,7 +397,8 @@ class _Runner:
                                       batch_buckets=buckets,
                                       prefix_cache_mb=cfg.rollout.prefix_cache_mb,
                                       prompt_buckets=cfg.rollout.prompt_buckets,
-                                      device_choices=cfg.rollout.device_choices)
+                                      device_choices=cfg.rollout.device_choices,
+                                      kv_cache=cfg.rollout.kv_cache, paged=cfg.rollout.paged)
         del model
         self.loop = asyncio.new_event_loop()
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.paged_attention import PagePool, paged_attention, write_pages
 
 _MASKED = -1e30  # finite, so a fully masked (padding) query row stays NaN-free
 
@@ -187,6 +188,53 @@ class Qwen3(nnx.Module):
         if cache is not None:
             cache = KVCache(ks, vs, valid, start + T)
         return x, cache
+
+    def hidden_states_paged(self, tokens: jax.Array, positions: jax.Array, pool: PagePool,
+                            page_table: jax.Array, lengths: jax.Array,
+                            valid: jax.Array | None = None, *, gather: jax.Array | None = None,
+                            kernel: bool = False) -> tuple[jax.Array, PagePool]:
+        """The decoder over a paged KV cache (`models.paged_attention`): final-normed hidden
+        states `[B, T, D]` (`[B, P, D]` with `gather`) and the updated pool.
+
+        tokens, positions `[B, T]` (each row's own positions, no padding between them);
+        pool k, v `[L, K, num_pages, S, H]`; page_table `[B, M]`; lengths `[B]`: each row's
+        cache length once these tokens are written (they attend to positions < lengths[b],
+        causally). `valid [B, T]` (default all): tokens to write; the others (padding, idle
+        rows) write nothing and their outputs are garbage. Same layers, rope and norms as
+        `hidden_states` (`layer_qkv`, `layer_output`), so a prompt run here gives the hidden
+        states a dense cache gives, up to float summation order. `gather [B, P]`: the last
+        layer's queries and MLP only there (see `hidden_states`). `kernel`: see
+        `paged_attention` (TPU decode)."""
+        cfg = self.config
+        dt = jnp.dtype(cfg.dtype)
+        if valid is None:
+            valid = jnp.ones(tokens.shape, bool)
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+        inv_freq, rope_scale = cfg.rope_inv_freq()
+        cos, sin = rope_tables(positions, jnp.asarray(inv_freq), rope_scale)
+
+        def layer(carry: tuple, xs: tuple, gather: jax.Array | None = None
+                  ) -> tuple[tuple, None]:
+            x, pk, pv = carry
+            p, index = xs
+            q, k, v, x = layer_qkv(cfg, p, x, cos, sin, gather)
+            pk, pv = write_pages(pk, pv, index, k, v, page_table, positions, valid)
+            q_pos = positions if gather is None else _take_rows(positions, gather)
+            out = paged_attention(q, pk, pv, index, page_table, q_pos, lengths,
+                                  block=cfg.attention_block, kernel=kernel)
+            return (layer_output(cfg, p, x, out), pk, pv), None
+
+        weights = self.layers.arrays()
+        L = cfg.num_layers
+        carry = (x, pool.k, pool.v)
+        if gather is not None:
+            carry = _run_layers(layer, carry, (jax.tree.map(lambda a: a[:-1], weights),
+                                               jnp.arange(L - 1)), L - 1, 1, cfg.scan_layers)
+            carry, _ = layer(carry, (jax.tree.map(lambda a: a[-1], weights), L - 1), gather)
+        else:
+            carry = _run_layers(layer, carry, (weights, jnp.arange(L)), L, 1, cfg.scan_layers)
+        x, pk, pv = carry
+        return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), PagePool(pk, pv)
 
 
 def _run_layers(layer: Callable, carry: tuple, xs: tuple, num_layers: int, groups: int,
@@ -366,21 +414,9 @@ def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: 
     MLP) only at these; returns x `[B, P, D]` there (`mask` must be an `AttentionMask`).
     """
     dt = x.dtype
-    eps = cfg.rms_norm_eps
-    h = rms_norm(x, p["attn_norm"], eps)
-    k = jnp.einsum("btd,dkh->btkh", h, p["k_proj"].astype(dt))
-    v = jnp.einsum("btd,dkh->btkh", h, p["v_proj"].astype(dt))
+    q, k, v, x = layer_qkv(cfg, p, x, cos, sin, gather)
     if gather is not None:
-        h, x = _take_rows(h, gather), _take_rows(x, gather)
-        q_cos, q_sin = _take_rows(cos, gather), _take_rows(sin, gather)
         mask = mask.at_queries(gather)
-    else:
-        q_cos, q_sin = cos, sin
-    q = jnp.einsum("btd,dnh->btnh", h, p["q_proj"].astype(dt))
-    if cfg.qk_norm:
-        q = rms_norm(q, p["q_norm"], eps)
-        k = rms_norm(k, p["k_norm"], eps)
-    q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
     if cache_k is not None:
         at = (layer, 0, start, 0, 0)
         cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), at)
@@ -391,12 +427,43 @@ def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: 
     out = attention(q, k, v, mask, cfg.attention_block,
                     self_attention=self_attention and gather is None,
                     causal_parts=cfg.causal_parts)
+    return layer_output(cfg, p, x, out), cache_k, cache_v
+
+
+def layer_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array,
+              sin: jax.Array, gather: jax.Array | None = None
+              ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """A layer's attention inputs from x `[B, T, D]`: q `[B, P, N, H]`, k, v `[B, T, K, H]`
+    (normed, rotated by `cos`, `sin` `[B, T, H]`) and the residual x `[B, P, D]`; P = T, or
+    the positions `gather [B, P]` picks (queries and residual only there)."""
+    dt = x.dtype
+    eps = cfg.rms_norm_eps
+    h = rms_norm(x, p["attn_norm"], eps)
+    k = jnp.einsum("btd,dkh->btkh", h, p["k_proj"].astype(dt))
+    v = jnp.einsum("btd,dkh->btkh", h, p["v_proj"].astype(dt))
+    if gather is not None:
+        h, x = _take_rows(h, gather), _take_rows(x, gather)
+        q_cos, q_sin = _take_rows(cos, gather), _take_rows(sin, gather)
+    else:
+        q_cos, q_sin = cos, sin
+    q = jnp.einsum("btd,dnh->btnh", h, p["q_proj"].astype(dt))
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], eps)
+        k = rms_norm(k, p["k_norm"], eps)
+    q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
+    return q, k, v, x
+
+
+def layer_output(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array,
+                 out: jax.Array) -> jax.Array:
+    """The rest of a layer: residual x `[B, P, D]` + o_proj(attention `out` `[B, P, N, H]`),
+    then the MLP block."""
+    dt = x.dtype
     x = x + jnp.einsum("btnh,nhd->btd", out, p["o_proj"].astype(dt))
-    h = rms_norm(x, p["mlp_norm"], eps)
+    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
     gate = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))
     up = jnp.einsum("btd,df->btf", h, p["up_proj"].astype(dt))
-    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
-    return x, cache_k, cache_v
+    return x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
 
 
 def token_logprobs(model: Qwen3, tokens: jax.Array, positions: jax.Array,

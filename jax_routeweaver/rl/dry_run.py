@@ -30,7 +30,15 @@ from rich.table import Table
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, latest_step
-from jax_routeweaver.rl.plan import GIB, HEADROOM, Target, config_shape, plan_config
+from jax_routeweaver.rl.plan import GIB, HEADROOM, MemoryPlan, Target, config_shape, plan_config
+from jax_routeweaver.rl.step_plan import (
+    RolloutSettings,
+    RolloutShape,
+    StepPlan,
+    TrainFigures,
+    replica_dtype,
+    step_plan,
+)
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.workers import load_channels
 
@@ -153,14 +161,20 @@ def dry_run(cfg: TrainConfig, console: Console, *, plan: bool = True,
     if plan:
         memory = _device_memory_gib(devices[0])
         target = Target(f"{len(devices)} x {devices[0].device_kind}", len(devices),
-                        memory or 0.0, shape)
+                        memory or 0.0, shape,
+                        kind="tpu" if devices[0].platform == "tpu" else "gpu",
+                        hosts=jax.process_count())
         step = config_shape(cfg, rows_per_device=max(1, cfg.algo.loss.micro_batch_size
                                                      // max(1, shape[0] * shape[1])))
         p = plan_config(cfg, arch, target, step, devices=devices, remat=cfg.model.remat)
-        need = f"{p.peak / GIB:.1f} GiB per device (update {p.update.peak / GIB:.1f}, " \
-               f"logprobs {p.logprobs.peak / GIB:.1f})"
+        whole = whole_step(cfg, arch, target, p)
+        phases = {k: f"{v / GIB:.1f}" for k, v in whole.phases.items()}
+        need = (f"{whole.need / GIB:.1f} GiB per device (update {phases['update']}, reference "
+                f"pass {phases['reference']}, rollout {phases['rollout']} with "
+                f"{cfg.rollout.sampler}: {whole.settings.label()}; programs: update "
+                f"{p.update.peak / GIB:.1f}, logprobs {p.logprobs.peak / GIB:.1f})")
         if memory:
-            fits = p.fits(memory)
+            fits = whole.need <= memory * GIB * (1 - HEADROOM) and whole.rollout.holds_a_row
             ok &= fits
             console.print(f"memory: {need} of {memory:.1f} GiB: "
                           f"{'fits' if fits else 'DOES NOT FIT'} (with {HEADROOM:.0%} headroom)")
@@ -177,6 +191,14 @@ def dry_run(cfg: TrainConfig, console: Console, *, plan: bool = True,
         console.print("endpoints: none (simulated workers, in-process sampler)")
     console.print("dry run: all checks passed" if ok else "dry run: some checks FAILED")
     return ok
+
+
+def whole_step(cfg: TrainConfig, arch: ModelConfig, target: Target,
+               plan: MemoryPlan) -> StepPlan:
+    """The whole step (`rl.step_plan`) of ``plan`` with ``cfg``'s rollout engine."""
+    return step_plan(target, TrainFigures.of(plan), RolloutSettings.of_config(cfg),
+                     arch.replace(dtype=cfg.model.dtype),
+                     RolloutShape.of_config(cfg, target.hosts), replica_dtype(cfg))
 
 
 def _device_memory_gib(device: Any) -> float | None:

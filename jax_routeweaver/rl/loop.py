@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 from flax import nnx
 from rich.console import Console
@@ -31,7 +30,7 @@ from jax_routeweaver.data.records import ReadStats, Record, read_records
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.qwen3 import Qwen3
-from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded, make_mesh, tree_to_host
+from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded, make_mesh
 from jax_routeweaver.models.tokenizer import (
     build_qwen3_tokenizer,
     load_tokenizer,
@@ -53,6 +52,7 @@ from jax_routeweaver.rl.checkpoint import (
     restore_policy,
 )
 from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
+from jax_routeweaver.rl.replica import HostReplicas
 from jax_routeweaver.rl.run_log import Progress, RunLogger, plot_run, read_metrics, summary_table
 from jax_routeweaver.rl.sidecar import Sidecar
 from jax_routeweaver.rl.train_config import TrainConfig
@@ -267,13 +267,17 @@ class _Run:
                 # Multi-host: each host rolls out its share of the queries on its own devices
                 # with a replica of the policy (one SPMD sampler over all hosts would make
                 # every host run every episode in lockstep).
-                sample_model, sample_mesh = host_replica(model), local_mesh(cfg.mesh.tensor)
+                self.replicas = HostReplicas(model, cfg.mesh.tensor)
+                sample_model = replica_model(
+                    model, self.replicas.refresh(nnx.state(model, nnx.Param)))
+                sample_mesh = self.replicas.mesh
             self.sampler = JaxSampler(sample_model, decode=self.tokenizer.decode,
                                       pad_id=self.pad_id, mesh=sample_mesh, rules=SAMPLE_RULES,
                                       constraints=constraints, batch_buckets=buckets,
                                       prefix_cache_mb=cfg.rollout.prefix_cache_mb,
                                       prompt_buckets=cfg.rollout.prompt_buckets,
-                                      device_choices=cfg.rollout.device_choices)
+                                      device_choices=cfg.rollout.device_choices,
+                                      kv_cache=cfg.rollout.kv_cache, paged=cfg.rollout.paged)
         explore = cfg.algo.exploration
         loss = dataclasses.replace(cfg.algo.loss, support_lambda0=explore.support_lambda0,
                                    support_floor=explore.support_floor)
@@ -512,7 +516,8 @@ class _Run:
             self.sync_times = self.sidecar.publish(
                 self.trainer.model(), self.policy_ckpt.step_dir(version), version)
         elif self.runtime.num_processes > 1:
-            self.sampler.update_weights(tree_to_host(self.trainer.state.params), version)
+            self.sampler.update_weights(
+                nnx.from_flat_state(self.replicas.refresh(self.trainer.state.params)), version)
         else:
             self.sampler.update_weights(self.trainer.state.params, version)
         if self.sampler.policy_version != version:
@@ -586,19 +591,14 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     return TrainResult(out, run.step, records)
 
 
-def host_replica(model: Qwen3) -> Qwen3:
-    """``model`` with every array gathered to this host as numpy (a multi-host sampler's copy:
-    `JaxSampler` places it on this host's devices)."""
+def replica_model(model: Qwen3, params: dict) -> Qwen3:
+    """``model`` with its parameters replaced by ``params`` (`HostReplicas.refresh`)."""
     graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, tree_to_host(state))
-
-
-def local_mesh(tensor: int) -> Any:
-    """A mesh of this process's devices: tensor parallel over ``tensor`` of them when that
-    divides their number (else, and for -1, over 1), the rest on the batch (fsdp) axis."""
-    count = jax.local_device_count()
-    tensor = tensor if tensor > 0 and count % tensor == 0 else 1
-    return make_mesh((1, -1, tensor), devices=jax.local_devices())
+    flat = dict(nnx.to_flat_state(state))
+    for path, value in params.items():
+        flat[path] = flat[path].replace(value) if isinstance(flat[path], nnx.Variable) \
+            else value
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 def host_share(records: list[Record], process: int, processes: int) -> list[Record]:

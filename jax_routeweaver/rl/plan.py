@@ -16,6 +16,10 @@ accumulators, logit chunks, attention blocks). Per device, a program needs about
 the frozen reference during the update, the policy and its optimizer state during the
 reference's logprob pass. The plan's peak is the larger of the two.
 
+This prices the trainer only; :mod:`jax_routeweaver.rl.step_plan` adds the rollout engine
+(the in-process sampler's replica and KV cache, or a co-located vLLM server) and prices the
+whole step as three phases, and searches the settings that make it fit a :class:`Target`.
+
 These are XLA:CPU's buffer assignments of the same SPMD program. TPU and GPU compilers fuse
 and schedule differently (and XLA:CPU may keep fp32 copies where a TPU computes in bf16), so
 the numbers are an estimate: :data:`HEADROOM` is kept free when deciding what fits.
@@ -47,22 +51,54 @@ HEADROOM = 0.10  # share of device memory kept free for what the CPU estimate mi
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A machine to plan for: ``devices`` accelerators of ``memory_gib`` each, and the mesh
-    ``(data, fsdp, tensor)`` the plan uses on it."""
+    """A machine to plan for: ``devices`` accelerators of ``memory_gib`` each over ``hosts``
+    hosts (processes; each runs its own rollout engine on its ``devices / hosts`` devices),
+    ``kind`` "tpu" or "gpu" (the vLLM sidecar is planned on GPUs only), the mesh
+    ``(data, fsdp, tensor)`` a plain plan uses, and ``meshes``: the meshes the whole-step
+    search tries, in order of preference (empty: ``mesh`` alone)."""
 
     name: str
     devices: int
     memory_gib: float
     mesh: tuple[int, int, int]
+    kind: str = "gpu"
+    hosts: int = 1
+    meshes: tuple[tuple[int, int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("tpu", "gpu"):
+            raise ValueError(f"Target {self.name!r}: kind={self.kind!r}, expected 'tpu' or "
+                             "'gpu'")
+        if self.hosts < 1 or self.devices % self.hosts:
+            raise ValueError(f"Target {self.name!r}: hosts={self.hosts} must divide "
+                             f"devices={self.devices}")
+        for mesh in (self.mesh, *self.meshes):
+            known = math.prod(n for n in mesh if n != -1)
+            if (known != self.devices) if -1 not in mesh else (self.devices % known):
+                raise ValueError(f"Target {self.name!r}: mesh {mesh} does not use its "
+                                 f"{self.devices} devices")
+
+    @property
+    def search_meshes(self) -> tuple[tuple[int, int, int], ...]:
+        return self.meshes or (self.mesh,)
+
+    @property
+    def local_devices(self) -> int:
+        return self.devices // self.hosts
 
 
-# JAX sees one device per TPU v5e chip (16 GiB HBM) and per v5p chip (95 GiB; v5p-8 is 4
-# chips). The H200's usable memory is what CUDA reports on the project's lent machine.
+# JAX sees one device per TPU v5e chip (16 GiB HBM; a v5e-16 slice is 4 hosts x 4 chips) and
+# per v5p chip (95 GiB; v5p-8 is 4 chips on one host). The H200's usable memory is what CUDA
+# reports on the project's lent machine. Tensor parallelism of 4 is the most Qwen3-4B's 8 KV
+# heads allow with a whole head per device that a v5e host's 4 chips also hold.
 TARGETS: dict[str, Target] = {
-    "v5e-16": Target("TPU v5e-16", 16, 16.0, (1, 16, 1)),
-    "v5p-8": Target("TPU v5p-8", 4, 95.0, (1, 4, 1)),
-    "a100-80gb-x8": Target("8x A100-80GB", 8, 80.0, (1, 8, 1)),
-    "h200": Target("1x H200", 1, 139.0, (1, 1, 1)),
+    "v5e-16": Target("TPU v5e-16", 16, 16.0, (1, 16, 1), "tpu", hosts=4,
+                     meshes=((1, 16, 1), (1, 4, 4))),
+    "v5p-8": Target("TPU v5p-8", 4, 95.0, (1, 4, 1), "tpu", meshes=((1, 4, 1), (1, 1, 4))),
+    "a100-80gb-x8": Target("8x A100-80GB", 8, 80.0, (1, 8, 1), "gpu",
+                           meshes=((1, 8, 1), (1, 2, 4))),
+    "h200": Target("1x H200", 1, 139.0, (1, 1, 1), "gpu"),
+    "h200-x2": Target("2x H200", 2, 139.0, (1, 2, 1), "gpu", meshes=((1, 2, 1), (1, 1, 2))),
 }
 
 
@@ -284,15 +320,31 @@ def config_shape(cfg: Any, *, rows_per_device: int = 1, length: int | None = Non
                      support_length=support_length, support_chunk=cfg.algo.loss.support_chunk)
 
 
+def config_mesh(cfg: Any, devices: int) -> tuple[int, int, int]:
+    """A ``TrainConfig``'s mesh ``(data, fsdp, tensor)`` on ``devices`` devices, its -1 entry
+    resolved (ValueError naming the mesh when it does not use exactly those devices)."""
+    mesh = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    known = math.prod(n for n in mesh if n != -1)
+    resolved = tuple(devices // known if n == -1 else n for n in mesh)
+    if devices % known or math.prod(resolved) != devices:
+        raise ValueError(f"mesh (data, fsdp, tensor) = {mesh} does not use {devices} devices")
+    return resolved  # type: ignore[return-value]
+
+
 def plan_config(cfg: Any, arch: ModelConfig, target: Target, shape: StepShape, *,
-                devices: Sequence[jax.Device], remat: str) -> MemoryPlan:
-    """:func:`memory_plan` of a ``TrainConfig`` (optimizer, loss, temperature, dtypes from
-    it) for ``arch`` with ``remat`` on ``target``'s mesh."""
+                devices: Sequence[jax.Device], remat: str,
+                mesh: tuple[int, int, int] | None = None,
+                remat_groups: int | None = None) -> MemoryPlan:
+    """:func:`memory_plan` of a ``TrainConfig`` (optimizer, loss, temperature, dtypes and the
+    model's runtime options from it) for ``arch`` with ``remat`` on ``target``'s mesh, or on
+    ``mesh`` and with ``remat_groups`` when given (the whole-step search's candidates)."""
     if len(devices) < target.devices:
         raise ValueError(f"planning {target.name} needs {target.devices} devices, have "
                          f"{len(devices)}")
-    model = arch.replace(param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
-                         **{**cfg.model.runtime(), "remat": remat})
-    return memory_plan(model, shape, mesh_shape=target.mesh,
+    runtime = {**cfg.model.runtime(), "remat": remat}
+    if remat_groups is not None:
+        runtime["remat_groups"] = remat_groups
+    model = arch.replace(param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype, **runtime)
+    return memory_plan(model, shape, mesh_shape=mesh or target.mesh,
                        devices=list(devices)[:target.devices], optim=cfg.optim,
                        loss=cfg.algo.loss, temperature=cfg.rollout.temperature)

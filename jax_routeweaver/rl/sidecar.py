@@ -11,6 +11,7 @@ step is exported as HF safetensors and loaded the same way.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import shutil
 import time
@@ -18,26 +19,52 @@ from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
 from jax_routeweaver.models.sharding import to_host
 from jax_routeweaver.rl.train_config import TrainConfig
-from jax_routeweaver.sampling.vllm_sidecar import ServerConfig, VllmServer, VllmSidecarSampler
+from jax_routeweaver.sampling.probe_check import Probe, calibrate, tolerance
+from jax_routeweaver.sampling.vllm_sidecar import (
+    ServerConfig,
+    SidecarError,
+    VllmServer,
+    VllmSidecarSampler,
+)
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
 
-# The probe whose logprobs must agree after every sync (any fixed text works; this one
-# exercises ordinary words, digits and punctuation).
-PROBE_TEXT = ("Route the question to the worker most likely to answer it: 17 * 23 = 391, "
-              "and the capital of France is Paris.")
-
-
+# The probe whose logprobs are checked after every sync (`probe_check`). Any fixed text works;
+# a longer one tells apart versions that moved less (the check's power grows with the square
+# root of its length), at the cost of one prefill of it on each side. This one exercises words,
+# digits, code and punctuation, in the vocabulary of routing prompts.
+PROBE_TEXT = (
+    "Route the question to the worker most likely to answer it: 17 * 23 = 391, and the "
+    "capital of France is Paris. In single mode one worker answers the whole task; in multi "
+    "mode several workers answer the same question and the router compares their answers; in "
+    "agentic mode the router plans steps, calls a worker for each step, reads the result and "
+    "decides what to do next. A math question such as 'what is the sum of the first 100 "
+    "positive integers?' has the answer 5050. A code task asks for a function: def add(a, b): "
+    "return a + b. A knowledge question may need a fact recalled from memory, and a reasoning "
+    "question a chain of small deductions: if every worker that answered correctly was cheap, "
+    "and worker_2 answered correctly, then worker_2 was cheap. The router pays for every token "
+    "a worker reads and writes, so it should call the strong and expensive workers only when "
+    "the cheaper ones are likely to fail, and it must give its final answer in the required "
+    "format.")
+# Earlier versions' probe logprobs kept for the check (newest first).
+PROBE_HISTORY = 256
 class Sidecar:
-    """Starts (or attaches to) the server and publishes policy steps into it."""
+    """Starts (or attaches to) the server and publishes policy steps into it.
+
+    At start-up it checks what the server runs with (`VllmSidecarSampler.check_server`) and,
+    for a server it started on the initial policy, measures the serving dtype's gap on the
+    probe (`probe_check.calibrate`): the tolerance of every later sync, unless
+    ``rollout.vllm.probe_atol`` sets one. Each sync's probe is then checked against the new
+    version's logprobs and the earlier versions' (`probe_check.verdict`)."""
 
     def __init__(self, cfg: TrainConfig, model: Qwen3, tokenizer: Any, out: Path):
         v = cfg.rollout.vllm
-        self.atol, self.transport, self.sleep_level = v.probe_atol, v.transport, v.sleep_level
+        self.transport, self.sleep_level = v.transport, v.sleep_level
         self.exports = out / "sidecar" / "hf_steps"
         self.server: VllmServer | None = None
         if v.url:
@@ -53,9 +80,40 @@ class Sidecar:
         self.sampler = VllmSidecarSampler(target, decode=tokenizer.decode,
                                           max_in_flight=v.max_in_flight,
                                           request_timeout_s=v.request_timeout_s)
-        if self.server is not None:
-            self.server.start()
         self.probe_ids = [int(t) for t in tokenizer.encode(PROBE_TEXT)]
+        # Probe logprobs of the versions served so far, newest first (the served one first).
+        self.history: collections.deque[np.ndarray] = collections.deque(maxlen=PROBE_HISTORY)
+        try:
+            if self.server is not None:
+                self.server.start()
+            self._check_and_calibrate(model, v.probe_atol)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_and_calibrate(self, model: Qwen3, probe_atol: float) -> None:
+        """Check the server's settings; set `atol`, `noise` (and, for a server started on
+        `model`, measure the probe gap on it and start the history with it)."""
+        self.settings = self.sampler.check_server()
+        # Without a start-up measurement: the dtype's floor, and no discrimination scale.
+        self.atol, self.noise = probe_atol or tolerance(self.settings["dtype"]), 0.0
+        if self.server is None:
+            return
+        initial = self._probe_logprobs(model)
+        self.history.appendleft(initial)
+        try:
+            atol, self.noise = calibrate(self.sampler.probe_logprobs(self.probe_ids),
+                                         initial, self.settings["dtype"])
+        except ValueError as e:
+            raise SidecarError(f"{e} (the initial export {self.server.config.model})") from e
+        self.atol = probe_atol or atol
+
+    def _probe_logprobs(self, model: Qwen3) -> np.ndarray:
+        """The trainer's fp32 logprobs of the probe's tokens after the first `[T - 1]`."""
+        tokens = jnp.asarray([self.probe_ids])
+        logp = token_logprobs(model, tokens, jnp.arange(tokens.shape[1])[None],
+                              jnp.ones_like(tokens, bool))
+        return np.asarray(to_host(logp)[0, 1:], np.float64)
 
     def publish(self, model: Qwen3, step_dir: Path, version: int) -> dict[str, float]:
         """Sync the committed policy step `step_dir` (= `model`'s params) as `version`
@@ -65,18 +123,18 @@ class Sidecar:
             started = time.perf_counter()
             step_dir = save_hf(model, self.exports / str(version))
             extra["sync/export_s"] = time.perf_counter() - started
-        tokens = jnp.asarray([self.probe_ids])
-        logp = token_logprobs(model, tokens, jnp.arange(tokens.shape[1])[None],
-                              jnp.ones_like(tokens, bool))
-        probe = (self.probe_ids, to_host(logp)[0, 1:])
-        timings = self.sampler.sync_policy_step(step_dir, version, atol=self.atol,
-                                                expected=model_checksums(model), probe=probe,
+        new = self._probe_logprobs(model)
+        probe = Probe(self.probe_ids, new, tuple(self.history), self.atol, self.noise)
+        timings = self.sampler.sync_policy_step(step_dir, version, probe=probe,
+                                                expected=model_checksums(model),
                                                 transport=self.transport)
+        self.history.appendleft(new)
         if self.transport == "hf":
             for old in self.exports.iterdir():
                 if old.name != str(version):
                     shutil.rmtree(old)
-        return timings | extra | {"sync/restarts": float(self.sampler.restarts)}
+        return timings | extra | {"sync/restarts": float(self.sampler.restarts),
+                                  "probe/atol": self.atol}
 
     def release(self) -> None:
         """After the rollout: free the server's memory for the update (``sleep_level``)."""

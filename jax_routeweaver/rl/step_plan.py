@@ -1,0 +1,741 @@
+"""Per-device memory of the whole RL step — update, reference pass and rollout engine — and the
+search for settings that make it fit a machine.
+
+:mod:`jax_routeweaver.rl.plan` compiles the trainer's two programs (the update, the logprob
+pass) for real shapes. This module adds the rollout engine and prices the step as three
+**phases**, each with what is resident on a device while it runs (bytes per device):
+
+* **update**: the update program's peak + the frozen reference + what the rollout engine keeps
+  between rollouts (``RolloutMemory.kept``);
+* **reference**: the logprob pass's peak + the policy + its optimizer state + ``kept``;
+* **rollout**: the policy + optimizer state + reference (nothing is offloaded while rollouts
+  run) + the engine's whole footprint (``RolloutMemory.resident``).
+
+The step's need is the largest phase; it fits when that is under ``1 - HEADROOM`` of the device
+and the engine can hold at least one full-length row (a row that cannot finish never ends).
+The rollout engine, per device, by ``rollout.sampler`` / ``rollout.kv_cache``:
+
+* ``jax``, both caches: a weights **replica** in the trainer's ``param_dtype`` (today's
+  ``JaxSampler`` keeps the policy's arrays as they are: ``update_weights`` requires equal
+  dtypes; :func:`replica_dtype` is the one place to change if an engine casts), laid out by
+  ``SAMPLE_RULES`` (tensor parallel, replicated over data and fsdp) on the sampler's mesh: the
+  training mesh on one host, each host's own devices with the same tensor degree when it
+  divides them (else 1) on several (``rl.replica.sampler_mesh_shape``). The replica stays between
+  rollouts (``kept``).
+* ``jax`` + ``dense``: every row of a host's first round at once (``ceil(batch / hosts) x K``),
+  each with a ``prompt + max_new_tokens``-slot cache: ``rows x (prompt + max_new_tokens) x 2 x
+  L x K x H x bytes`` (bytes of the compute dtype), rows split over the sampler mesh's batch
+  shards and KV heads over tensor; freed after each call (not ``kept``). The sampler's
+  buckets pad further (prompt 6,144 -> 8,192), so this is a lower bound of the dense cache.
+* ``jax`` + ``paged`` (``sampling.paged_engine``, whose layout this follows): a page pool of
+  ``budget_tokens`` tokens (``budget_tokens x 2 x L x K x H x bytes``), its KV heads split over
+  tensor and **replicated** over the batch axes (every device holds every row's pages and
+  decodes every slot), or with ``budget_tokens`` 0 ``memory_fraction`` of what one device has
+  free when the sampler starts (device memory - the policy - the replica: the optimizer state
+  and the reference come later), at most ``max_rows`` rows of ``max_position_embeddings``.
+  Allocated once with the slots' ``[max_rows, V]`` fp32 logits, and both **kept** through the
+  update. ``max_rows`` decode slots and the engine's prefill calls bound its temporaries
+  (:func:`paged_temporaries`).
+* the dense cache adds :func:`decode_temporaries`. Both are formulas (the engines' programs
+  are not compiled here); each is one function to swap.
+* ``vllm`` co-located on the trainer's GPUs: the server takes ``share`` of each GPU it uses
+  (``--gpu-memory-utilization`` in ``rollout.vllm.extra_args``; vLLM's own default 0.9 when
+  absent) while rollouts run, and holds it through the update unless it sleeps
+  (``rollout.vllm.sleep_level`` 1 or 2: vLLM sleep mode moves the weights to host memory (1)
+  or drops them (2) and drops the KV cache; both leave :data:`VLLM_SLEEP_RESIDUE_GIB` on the
+  GPU). Its KV cache is the share less its weights (``rollout.vllm.dtype``, split over
+  ``--tensor-parallel-size``) and :data:`VLLM_OVERHEAD_GIB`; vLLM refuses to start unless it
+  holds one ``max_model_len`` row. A server without ``--tensor-parallel-size`` runs on one GPU:
+  the plan is that GPU's (the worst device). **Time sharing** (sleep 1/2) returns memory to
+  the trainer only if the trainer returns it too: JAX's default GPU allocator keeps its
+  high-water mark, so the trainer must run with ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` (and
+  no ``XLA_PYTHON_CLIENT_MEM_FRACTION`` cap below its peak); otherwise plan sleep 0.
+
+:func:`search` tries a small grid (:data:`REMAT_GROUPS` x the target's meshes for the trainer,
+:data:`PAGED_MAX_ROWS` with the largest page pool that fits, :data:`VLLM_SHARES` x
+:data:`VLLM_SLEEP_LEVELS`) and keeps, per target and engine, the first trainer setting in order
+of preference (fewest tensor shards, then fewest layer groups: the fastest) for which some
+rollout setting fits with at least K (``data.group_size``) full-length rows in flight, with
+the rollout setting that keeps the most of them.
+One row per device per micro-batch (more only costs memory) and the config's other settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.qwen3 import Qwen3
+from jax_routeweaver.models.sharding import SAMPLE_RULES, Rules
+from jax_routeweaver.rl.plan import (
+    GIB,
+    HEADROOM,
+    PROMPT_TOKENS,
+    TARGETS,
+    MemoryPlan,
+    StepShape,
+    Target,
+    plan_config,
+)
+from jax_routeweaver.sampling.paged_engine import MIN_WIDTH, PREFILL_TOKENS, PagedOptions
+
+Engine = Literal["dense", "paged", "vllm"]
+ENGINES: tuple[Engine, ...] = ("dense", "paged", "vllm")
+
+# vLLM's own default for --gpu-memory-utilization (the project's paper configs pass 0.30).
+VLLM_DEFAULT_SHARE = 0.9
+# Inside vLLM's share besides weights and KV: the activations of its profiling run (logits of
+# up to max_num_seqs rows, one max_num_batched_tokens forward) and non-torch allocations. An
+# estimate for a ~4B model; vLLM logs the real figure at start-up ("model weights take ...,
+# non_torch_memory ..., PyTorch activation peak ...").
+VLLM_OVERHEAD_GIB = 2.0
+# What a sleeping vLLM server keeps on its GPU (CUDA context, allocations outside its sleep
+# pool); an estimate.
+VLLM_SLEEP_RESIDUE_GIB = 1.0
+# Full copies of a [rows, vocab] fp32 array while a token is sampled (logits, scaled logits,
+# probabilities, the top-p keep mask).
+SAMPLING_COPIES = 4
+
+REMAT_GROUPS = (1, 6)  # the trainer's layer groups tried, fastest first
+PAGED_MAX_ROWS = (256, 128, 64, 32, 16, 8)  # decode slots tried
+VLLM_SHARES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # --gpu-memory-utilization tried
+VLLM_SLEEP_LEVELS = (0, 2)  # 1 leaves the GPU as 2 does (it keeps the weights in host RAM)
+
+
+# ---------------------------------------------------------------------------- settings
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    """The rollout engine's settings (one ``engine``'s fields are used, the rest ignored):
+    ``paged``: ``page_size``, ``budget_tokens`` (0: ``memory_fraction`` of the free memory),
+    ``max_rows``; ``vllm``: ``share`` (``--gpu-memory-utilization``), ``tensor``
+    (``--tensor-parallel-size``), ``sleep_level``, ``dtype`` (the served weights')."""
+
+    engine: Engine
+    page_size: int = 16
+    budget_tokens: int = 0
+    memory_fraction: float = 0.5
+    max_rows: int = 64
+    share: float = VLLM_DEFAULT_SHARE
+    tensor: int = 1
+    sleep_level: int = 0
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"RolloutSettings.engine={self.engine!r}: expected one of "
+                             f"{ENGINES}")
+        if not 0 < self.share <= 1:
+            raise ValueError(f"RolloutSettings.share={self.share}: must be in (0, 1]")
+        if self.sleep_level not in (0, 1, 2):
+            raise ValueError(f"RolloutSettings.sleep_level={self.sleep_level}: expected 0, 1 "
+                             "or 2")
+        for name in ("page_size", "max_rows", "tensor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutSettings.{name}={getattr(self, name)} must be >= 1")
+
+    @classmethod
+    def of_config(cls, cfg: Any) -> RolloutSettings:
+        """The settings of a ``TrainConfig``'s ``rollout`` section."""
+        r = cfg.rollout
+        if r.sampler == "vllm":
+            args = tuple(r.vllm.extra_args)
+            share = vllm_flag(args, "--gpu-memory-utilization")
+            tensor = vllm_flag(args, "--tensor-parallel-size")
+            return cls("vllm", share=VLLM_DEFAULT_SHARE if share is None else float(share),
+                       tensor=1 if tensor is None else int(tensor),
+                       sleep_level=r.vllm.sleep_level, dtype=r.vllm.dtype)
+        p = r.paged
+        return cls(r.kv_cache, page_size=p.page_size, budget_tokens=p.budget_tokens,
+                   memory_fraction=p.memory_fraction, max_rows=p.max_rows)
+
+    def label(self) -> str:
+        """Short text for tables."""
+        if self.engine == "vllm":
+            tp = f", tp {self.tensor}" if self.tensor > 1 else ""
+            return f"share {self.share:.2f}, sleep {self.sleep_level}{tp}"
+        if self.engine == "paged":
+            budget = f"{self.budget_tokens:,} tokens" if self.budget_tokens \
+                else f"{self.memory_fraction:g} of free memory"
+            return f"max_rows {self.max_rows}, pool {budget} (pages of {self.page_size})"
+        return "all rows of the first round at once"
+
+    def overrides(self) -> list[str]:
+        """``key=value`` overrides that select these settings."""
+        if self.engine == "vllm":
+            args = [f"--gpu-memory-utilization={self.share:.2f}"]
+            if self.tensor > 1:
+                args.append(f"--tensor-parallel-size={self.tensor}")
+            return ["rollout.sampler=vllm", f"rollout.vllm.extra_args=[{','.join(args)}]",
+                    f"rollout.vllm.sleep_level={self.sleep_level}"]
+        out = ["rollout.sampler=jax", f"rollout.kv_cache={self.engine}"]
+        if self.engine == "paged":
+            out += [f"rollout.paged.max_rows={self.max_rows}",
+                    f"rollout.paged.budget_tokens={self.budget_tokens}",
+                    f"rollout.paged.page_size={self.page_size}"]
+        return out
+
+
+def vllm_flag(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in vLLM server arguments (``["--f", "v"]``, ``["--f=v"]`` or one
+    string holding several); None when absent. A flag without a value is a ValueError."""
+    words = [w for a in args for w in shlex.split(str(a))]
+    for i, word in enumerate(words):
+        if word == flag:
+            if i + 1 >= len(words) or words[i + 1].startswith("--"):
+                raise ValueError(f"rollout.vllm.extra_args: {flag} has no value in {list(args)}")
+            return words[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutShape:
+    """What one step rolls out. ``rows``: rows a host's first round decodes at once
+    (``ceil(batch / hosts) x K``); ``prompt``: prompt tokens; ``max_new_tokens``: the per-turn
+    decode cap; ``row_tokens``: the longest row (prompt + response window: the paged pool's
+    unit); ``max_model_len``: vLLM's."""
+
+    rows: int
+    prompt: int
+    max_new_tokens: int
+    row_tokens: int
+    max_model_len: int
+
+    @classmethod
+    def of_config(cls, cfg: Any, hosts: int = 1, length: int | None = None) -> RolloutShape:
+        """A ``TrainConfig``'s rollout on ``hosts`` hosts; ``length`` (default 6,144 prompt +
+        the protocol's response length) is the longest row, its prompt what the response
+        leaves of it."""
+        response = cfg.rollout.protocol.response_length
+        row_tokens = length or PROMPT_TOKENS + response
+        rows = -(-cfg.data.batch_size // hosts) * cfg.data.group_size
+        return cls(rows=rows, prompt=max(1, row_tokens - response),
+                   max_new_tokens=cfg.rollout.max_new_tokens, row_tokens=row_tokens,
+                   max_model_len=cfg.rollout.vllm.max_model_len)
+
+
+# ---------------------------------------------------------------------------- formulas
+def kv_bytes_per_token(arch: ModelConfig, dtype: str) -> int:
+    """Keys and values of one token over all layers: ``2 x L x K x H x bytes``."""
+    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * jnp.dtype(dtype).itemsize
+
+
+def replica_dtype(cfg: Any) -> str:
+    """The dtype the in-process sampler keeps its weights in: the policy's ``param_dtype``
+    (``JaxSampler`` copies the trainer's arrays unchanged)."""
+    return str(cfg.model.param_dtype)
+
+
+def sharded_param_bytes(arch: ModelConfig, dtype: str, rules: Rules,
+                        axis_sizes: Mapping[str, int]) -> int:
+    """Bytes one device holds of ``arch``'s parameters in ``dtype`` laid out by ``rules`` on a
+    mesh of ``axis_sizes`` (``{"data": 1, "fsdp": 4, "tensor": 4}``); no devices needed. A
+    sharded dimension the mesh does not divide is a ValueError naming the parameter."""
+    total = 0
+    for name, shape, axes, itemsize in _param_shapes(arch.replace(param_dtype=dtype)):
+        local = []
+        for dim, logical in zip(shape, axes, strict=True):
+            target = rules.get(logical) if logical is not None else None
+            mesh_axes = (target,) if isinstance(target, str) else tuple(target or ())
+            split = math.prod(axis_sizes.get(a, 1) for a in mesh_axes)
+            if dim % split:
+                raise ValueError(f"{name}: dimension {logical!r} of size {dim} does not split "
+                                 f"over mesh axes {mesh_axes} ({split})")
+            local.append(dim // split)
+        total += math.prod(local) * itemsize
+    return total
+
+
+@functools.cache
+def _param_shapes(arch: ModelConfig) -> tuple[tuple[str, tuple[int, ...],
+                                                    tuple[str | None, ...], int], ...]:
+    """(name, shape, logical axes, itemsize) of every parameter of a :class:`Qwen3` of
+    ``arch`` (built abstractly once per config)."""
+    abstract = nnx.eval_shape(lambda: Qwen3(arch, rngs=nnx.Rngs(0)))
+    return tuple((".".join(map(str, path)), tuple(var.shape),
+                  tuple(var.get_metadata().get("logical_axes") or (None,) * var.ndim),
+                  jnp.dtype(var.get_value().dtype).itemsize)
+                 for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)))
+
+
+def decode_temporaries(arch: ModelConfig, rows: int, context: int, prompt: int,
+                       tensor: int) -> int:
+    """Bytes per device the dense sampler's programs need beyond weights and cache, a formula
+    (a lower bound; it never fits the paper's shapes anyway): the larger of
+
+    * a decode step of ``rows`` rows (this device's) over ``context`` cache slots: the sampled
+      logits ``rows x V`` fp32, :data:`SAMPLING_COPIES` times, and one layer's attention
+      scores and probabilities ``2 x rows x (N / tensor) x context`` fp32;
+    * the prefill of one ``prompt``-token row: the MLP's three ``prompt x F / tensor``
+      intermediates (compute dtype), four fp32 ``prompt x D`` residual-stream copies, and one
+      attention block's scores and probabilities ``2 x (N / tensor) x block x prompt`` fp32.
+    """
+    act = jnp.dtype(arch.dtype).itemsize
+    decode = SAMPLING_COPIES * rows * arch.vocab_size * 4
+    decode += 2 * rows * (arch.num_heads // tensor) * context * 4
+    block = min(arch.attention_block, prompt)
+    prefill = (3 * prompt * (arch.intermediate_size // tensor) * act
+               + 4 * prompt * arch.hidden_size * 4
+               + 2 * (arch.num_heads // tensor) * block * prompt * 4)
+    return max(decode, prefill)
+
+
+def paged_width(row_tokens: int, page_size: int) -> int:
+    """Key slots the paged engine's attention reads per row for a ``row_tokens``-token row:
+    its page table's width, a power of two of pages (at least ``MIN_WIDTH``), times
+    ``page_size``."""
+    pages = -(-row_tokens // page_size)
+    return max(MIN_WIDTH, 1 << (pages - 1).bit_length()) * page_size
+
+
+def paged_temporaries(arch: ModelConfig, max_rows: int, row_tokens: int, page_size: int,
+                      tensor: int, prefill_chunk: int = PagedOptions.prefill_chunk) -> int:
+    """Bytes per device the paged engine's programs need beyond weights and pool, a formula
+    after its code (`sampling.paged_engine`, `models.paged_attention`'s portable path: pages
+    gathered per layer; a TPU kernel that reads them in place needs less). With ``W`` =
+    :func:`paged_width` key slots per row, attention in the compute dtype ``a`` bytes, the
+    larger of
+
+    * a decode step of all ``max_rows`` slots (every device runs every slot): the sampled
+      logits ``max_rows x V`` fp32, :data:`SAMPLING_COPIES` times; one layer's gathered keys
+      and values ``2 x max_rows x W x (K / tensor) x H x a``; its scores ``max_rows x
+      (N / tensor) x W`` fp32 and probabilities in ``a``;
+    * a prefill call of ``T`` = ``PREFILL_TOKENS`` tokens (``T / prefill_chunk`` rows of one
+      chunk, the engine's cap): one layer's gathered keys and values for those rows, the
+      chunk's scores ``T x (N / tensor) x W`` fp32 and probabilities in ``a`` (the chunk is
+      at most one attention block), the MLP's three ``T x F / tensor`` intermediates and four
+      fp32 ``T x D`` residual copies.
+    """
+    act = jnp.dtype(arch.dtype).itemsize
+    width = paged_width(row_tokens, page_size)
+    heads, kv = arch.num_heads // tensor, max(1, arch.num_kv_heads // tensor)
+    decode = (SAMPLING_COPIES * max_rows * arch.vocab_size * 4
+              + 2 * max_rows * width * kv * arch.head_dim * act
+              + max_rows * heads * width * (4 + act))
+    tokens = PREFILL_TOKENS
+    rows = max(1, tokens // prefill_chunk)
+    prefill = (2 * rows * width * kv * arch.head_dim * act
+               + tokens * heads * width * (4 + act)
+               + 3 * tokens * (arch.intermediate_size // tensor) * act
+               + 4 * tokens * arch.hidden_size * 4)
+    return max(decode, prefill)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerMesh:
+    """The in-process sampler's mesh, as axis sizes: ``batch`` shards (data x fsdp) and
+    ``tensor``."""
+
+    batch: int
+    tensor: int
+
+    @classmethod
+    def of(cls, target: Target, train_mesh: Sequence[int]) -> SamplerMesh:
+        """One host: the training mesh. Several: each host's devices, tensor parallel over the
+        training mesh's tensor degree when it divides them (else 1), as
+        ``rl.replica.sampler_mesh_shape``."""
+        data, fsdp, tensor = train_mesh
+        if target.hosts == 1:
+            return cls(data * fsdp, tensor)
+        local = target.local_devices
+        tensor = tensor if local % tensor == 0 else 1
+        return cls(local // tensor, tensor)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutMemory:
+    """The rollout engine per device (bytes): ``weights`` (the JAX replica, or vLLM's
+    weights), ``kv`` (cache or page pool), ``temporaries`` (decode/prefill; vLLM's
+    overhead), ``kept`` (what stays through the update and the reference pass),
+    ``resident`` (all of it while rollouts run), ``kv_tokens`` (tokens the KV memory holds,
+    over the engine's whole mesh), ``shards`` (the batch shards those tokens split over: a
+    row lives on one), ``row_tokens`` (the longest row the engine must hold) and ``rows``
+    (decode slots; 0 = bounded by the KV memory only)."""
+
+    engine: Engine
+    weights: int
+    kv: int
+    temporaries: int
+    kept: int
+    resident: int
+    kv_tokens: int
+    shards: int
+    row_tokens: int
+    rows: int
+
+    @property
+    def full_rows(self) -> int:
+        """Full-length rows in flight at once: what each shard's KV memory holds, times the
+        shards, at most ``rows``."""
+        n = self.kv_tokens // self.shards // self.row_tokens * self.shards
+        return min(n, self.rows) if self.rows else n
+
+    @property
+    def holds_a_row(self) -> bool:
+        """A shard's KV memory holds one full-length row (else a long row never finishes)."""
+        return self.kv_tokens // self.shards >= self.row_tokens
+
+
+def rollout_memory(settings: RolloutSettings, arch: ModelConfig, shape: RolloutShape,
+                   mesh: SamplerMesh, *, memory_bytes: int, params: int,
+                   param_dtype: str) -> RolloutMemory:
+    """The engine of ``settings`` per device. ``memory_bytes``: one device's memory (vLLM's
+    share and the paged pool's ``memory_fraction`` are of it); ``params``: the policy's bytes
+    per device (what is allocated when the sampler starts, before the optimizer state and the
+    reference); ``param_dtype``: the JAX replica's dtype (:func:`replica_dtype`)."""
+    if settings.engine == "vllm":
+        return _vllm_memory(settings, arch, shape, memory_bytes)
+    if arch.num_kv_heads % mesh.tensor:
+        raise ValueError(f"the sampler's tensor degree {mesh.tensor} does not divide the "
+                         f"{arch.num_kv_heads} KV heads")
+    replica = sharded_param_bytes(arch, param_dtype, SAMPLE_RULES,
+                                  {"fsdp": mesh.batch, "tensor": mesh.tensor})
+    per_token = kv_bytes_per_token(arch, arch.dtype) // mesh.tensor  # this device's heads
+    if settings.engine == "dense":
+        rows = -(-shape.rows // mesh.batch)
+        slots = shape.prompt + shape.max_new_tokens
+        kv = rows * slots * per_token
+        temps = decode_temporaries(arch, rows, slots, shape.prompt, mesh.tensor)
+        return RolloutMemory("dense", replica, kv, temps, kept=replica,
+                             resident=replica + kv + temps, kv_tokens=rows * slots * mesh.batch,
+                             shards=mesh.batch, row_tokens=slots, rows=shape.rows)
+    page = settings.page_size
+    if settings.budget_tokens:
+        pages = settings.budget_tokens // page
+    else:
+        free = memory_bytes - params - replica
+        tokens = min(int(settings.memory_fraction * max(0, free)) // per_token,
+                     settings.max_rows * arch.max_position_embeddings)
+        pages = tokens // page
+    kv = pages * page * per_token
+    logits = settings.max_rows * arch.vocab_size * 4  # the slots' next-token logits, kept
+    temps = paged_temporaries(arch, settings.max_rows, shape.row_tokens, page, mesh.tensor)
+    return RolloutMemory("paged", replica, kv + logits, temps, kept=replica + kv + logits,
+                         resident=replica + kv + logits + temps, kv_tokens=pages * page,
+                         shards=1, row_tokens=shape.row_tokens, rows=settings.max_rows)
+
+
+def _vllm_memory(settings: RolloutSettings, arch: ModelConfig, shape: RolloutShape,
+                 memory_bytes: int) -> RolloutMemory:
+    if arch.num_kv_heads % settings.tensor:
+        raise ValueError(f"--tensor-parallel-size {settings.tensor} does not divide the "
+                         f"{arch.num_kv_heads} KV heads")
+    share = int(settings.share * memory_bytes)
+    weights = sharded_param_bytes(arch, settings.dtype, SAMPLE_RULES,
+                                  {"tensor": settings.tensor})
+    overhead = min(int(VLLM_OVERHEAD_GIB * GIB), max(0, share - weights))
+    kv = max(0, share - weights - overhead)
+    per_token = kv_bytes_per_token(arch, settings.dtype) // settings.tensor
+    kept = share if settings.sleep_level == 0 else min(share, int(VLLM_SLEEP_RESIDUE_GIB * GIB))
+    return RolloutMemory("vllm", weights, kv, overhead, kept=kept, resident=share,
+                         kv_tokens=kv // per_token, shards=1, row_tokens=shape.max_model_len,
+                         rows=0)
+
+
+# ---------------------------------------------------------------------------- phases
+@dataclasses.dataclass(frozen=True)
+class TrainFigures:
+    """What the whole-step plan needs of a compiled :class:`MemoryPlan` (bytes per device):
+    the train state's parts and the two programs' peaks; JSON round trip."""
+
+    mesh: tuple[int, int, int]
+    remat_groups: int
+    params: int
+    optimizer: int
+    reference: int
+    update: int
+    logprobs: int
+    compile_s: float = 0.0
+
+    @classmethod
+    def of(cls, plan: MemoryPlan) -> TrainFigures:
+        return cls(tuple(plan.mesh), plan.remat_groups, plan.params, plan.optimizer,
+                   plan.reference, plan.update.peak, plan.logprobs.peak,
+                   round(plan.update.compile_s + plan.logprobs.compile_s, 1))
+
+    @property
+    def state(self) -> int:
+        return self.params + self.optimizer + self.reference
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "mesh": list(self.mesh)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainFigures:
+        return cls(**{**d, "mesh": tuple(d["mesh"])})
+
+    def label(self) -> str:
+        groups = f", {self.remat_groups} groups" if self.remat_groups > 1 else ""
+        return f"mesh {'x'.join(map(str, self.mesh))}{groups}"
+
+
+def phases(train: TrainFigures, rollout: RolloutMemory) -> dict[str, int]:
+    """Bytes per device resident in each phase of the step (see the module docstring)."""
+    return {"update": train.update + train.reference + rollout.kept,
+            "reference": train.logprobs + train.params + train.optimizer + rollout.kept,
+            "rollout": train.state + rollout.resident}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """One whole-step configuration on ``target``: the trainer's figures, the rollout
+    settings and the engine's memory."""
+
+    target: Target
+    train: TrainFigures
+    settings: RolloutSettings
+    rollout: RolloutMemory
+
+    @property
+    def phases(self) -> dict[str, int]:
+        return phases(self.train, self.rollout)
+
+    @property
+    def need(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def limit(self) -> int:
+        return int(self.target.memory_gib * GIB * (1.0 - HEADROOM))
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.limit and self.rollout.holds_a_row
+
+    def as_dict(self) -> dict[str, Any]:
+        gib = lambda b: round(b / GIB, 2)
+        r = self.rollout
+        return {
+            "target": self.target.name, "engine": self.settings.engine,
+            "trainer": self.train.label(), "rollout_settings": self.settings.label(),
+            "overrides": self.overrides(),
+            "phases_gib": {k: gib(v) for k, v in self.phases.items()},
+            "need_gib": gib(self.need), "limit_gib": gib(self.limit),
+            "memory_gib": self.target.memory_gib, "fits": self.fits,
+            "rollout_gib": {"weights": gib(r.weights), "kv": gib(r.kv),
+                            "temporaries": gib(r.temporaries), "kept": gib(r.kept),
+                            "resident": gib(r.resident)},
+            "kv_tokens": r.kv_tokens, "row_tokens": r.row_tokens, "full_rows": r.full_rows,
+            "time_shared": self.settings.engine == "vllm" and self.settings.sleep_level > 0,
+        }
+
+    def overrides(self) -> list[str]:
+        data, fsdp, tensor = self.train.mesh
+        return [f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}",
+                f"model.remat_groups={self.train.remat_groups}",
+                f"algo.loss.micro_batch_size={data * fsdp}", *self.settings.overrides()]
+
+
+def step_plan(target: Target, train: TrainFigures, settings: RolloutSettings,
+              arch: ModelConfig, shape: RolloutShape, param_dtype: str) -> StepPlan:
+    """The whole step of ``train`` (compiled figures) with the engine of ``settings``."""
+    memory = rollout_memory(settings, arch, shape, SamplerMesh.of(target, train.mesh),
+                            memory_bytes=int(target.memory_gib * GIB),
+                            params=train.params, param_dtype=param_dtype)
+    return StepPlan(target, train, settings, memory)
+
+
+# ---------------------------------------------------------------------------- search
+def paged_candidates(target: Target, train: TrainFigures, arch: ModelConfig,
+                     shape: RolloutShape, param_dtype: str, page_size: int = 16
+                     ) -> Iterable[StepPlan]:
+    """For each of :data:`PAGED_MAX_ROWS`: the largest pool (whole pages, at most
+    ``max_rows`` full rows) that keeps every phase under the limit (none fits: a one-row
+    pool, for the table)."""
+    mesh = SamplerMesh.of(target, train.mesh)
+    per_page = page_size * kv_bytes_per_token(arch, arch.dtype) // mesh.tensor
+    row_pages = -(-shape.row_tokens // page_size)
+    for max_rows in PAGED_MAX_ROWS:
+        one_page = step_plan(target, train, RolloutSettings(
+            "paged", page_size=page_size, budget_tokens=page_size, max_rows=max_rows),
+            arch, shape, param_dtype)
+        room = one_page.limit - (one_page.need - per_page)  # what the pool may take
+        pages = min(room // per_page, max_rows * row_pages)
+        yield step_plan(target, train, RolloutSettings(
+            "paged", page_size=page_size, budget_tokens=max(pages, row_pages) * page_size,
+            max_rows=max_rows), arch, shape, param_dtype)
+
+
+def vllm_candidates(target: Target, train: TrainFigures, arch: ModelConfig,
+                    shape: RolloutShape, base: RolloutSettings,
+                    sleep_levels: Sequence[int] = VLLM_SLEEP_LEVELS) -> Iterable[StepPlan]:
+    """:data:`VLLM_SHARES` x ``sleep_levels`` with ``base``'s tensor degree and dtype."""
+    for sleep in sleep_levels:
+        for share in VLLM_SHARES:
+            settings = dataclasses.replace(base, engine="vllm", share=share, sleep_level=sleep)
+            yield step_plan(target, train, settings, arch, shape, "float32")
+
+
+def _rank(plan: StepPlan) -> tuple[Any, ...]:
+    """Better first: plans that fit, by the most full rows in flight, the lowest sleep level
+    (no sleep/wake per step), the most decode slots; then the others by the least need
+    (then the fewest decode slots)."""
+    if not plan.fits:
+        return (1, plan.need / plan.limit, plan.rollout.rows)
+    return (0, -plan.rollout.full_rows, plan.settings.sleep_level, -plan.rollout.rows,
+            plan.need)
+
+
+def best_rollout(target: Target, train: TrainFigures, engine: Engine, arch: ModelConfig,
+                 shape: RolloutShape, param_dtype: str, base: RolloutSettings,
+                 sleep_levels: Sequence[int] = VLLM_SLEEP_LEVELS) -> StepPlan:
+    """The best rollout setting of ``engine`` beside ``train`` (:func:`_rank`); vLLM's with
+    one of ``sleep_levels``."""
+    if engine == "dense":
+        return step_plan(target, train, RolloutSettings("dense"), arch, shape, param_dtype)
+    if engine == "paged":
+        plans = list(paged_candidates(target, train, arch, shape, param_dtype,
+                                      base.page_size if base.engine == "paged" else 16))
+    else:
+        plans = list(vllm_candidates(target, train, arch, shape, base, sleep_levels))
+    return min(plans, key=_rank)
+
+
+def engines_for(target: Target) -> tuple[Engine, ...]:
+    """The engines planned on ``target``: the vLLM sidecar only on GPUs (sleep mode is
+    CUDA's)."""
+    return ENGINES if target.kind == "gpu" else ("dense", "paged")
+
+
+def variants(engines: Sequence[Engine]) -> list[tuple[Engine, tuple[int, ...]]]:
+    """(engine, vLLM sleep levels) searched apart: vLLM awake (sleep 0: needs nothing of the
+    trainer's allocator) and vLLM sleeping through the update (time-shared)."""
+    out: list[tuple[Engine, tuple[int, ...]]] = []
+    for engine in engines:
+        if engine == "vllm":
+            out += [(engine, (0,)), (engine, tuple(s for s in VLLM_SLEEP_LEVELS if s))]
+        else:
+            out.append((engine, ()))
+    return out
+
+
+def search(target: Target, trainers: Sequence[TrainFigures], arch: ModelConfig,
+           shape: RolloutShape, param_dtype: str, base: RolloutSettings,
+           engines: Sequence[Engine] | None = None, min_rows: int = 1) -> list[StepPlan]:
+    """Per engine (:func:`variants`: vLLM awake and sleeping apart), the first of
+    ``trainers`` (in order of preference) whose best rollout setting fits with at least
+    ``min_rows`` full-length rows in flight (callers pass K, one query's group), and that
+    setting; when none reaches ``min_rows``, the fitting plan with the most rows; when none
+    fits, the plan that comes closest (least need over limit) — its ``fits`` is False."""
+    if not trainers:
+        raise ValueError(f"{target.name}: no trainer figures to search")
+    out = []
+    for engine, sleep_levels in variants(engines or engines_for(target)):
+        best = [best_rollout(target, t, engine, arch, shape, param_dtype, base, sleep_levels)
+                for t in trainers]
+        fitting = [p for p in best if p.fits]
+        enough = [p for p in fitting if p.rollout.full_rows >= min_rows]
+        if enough:
+            out.append(enough[0])
+        elif fitting:
+            out.append(max(fitting, key=lambda p: p.rollout.full_rows))  # first of the most
+        else:
+            out.append(min(best, key=lambda p: p.need / p.limit))
+    return out
+
+
+def trainer_candidates(target: Target) -> list[tuple[tuple[int, int, int], int]]:
+    """(mesh, remat_groups) in order of preference: the target's meshes (fewest tensor
+    shards first), then :data:`REMAT_GROUPS`."""
+    return [(mesh, groups) for mesh in target.search_meshes for groups in REMAT_GROUPS]
+
+
+def compile_trainers(target: Target, compile_one: Callable[[tuple[int, int, int], int],
+                                                           MemoryPlan],
+                     log: Callable[[str], None] = lambda _: None) -> list[TrainFigures]:
+    """:func:`trainer_candidates` compiled by ``compile_one(mesh, remat_groups)``; a
+    candidate the model's shapes cannot take (a mesh axis that does not divide a dimension,
+    layers that do not split into the groups) is skipped and logged."""
+    out = []
+    for mesh, groups in trainer_candidates(target):
+        try:
+            figures = TrainFigures.of(compile_one(mesh, groups))
+        except ValueError as e:
+            log(f"{target.name}: mesh {mesh}, {groups} groups skipped: {e}")
+            continue
+        log(f"{target.name}: {figures.label()} compiled in {figures.compile_s:.1f} s: update "
+            f"{figures.update / GIB:.1f} GiB, logprobs {figures.logprobs / GIB:.1f} GiB")
+        out.append(figures)
+    return out
+
+
+def search_config(cfg: Any, arch: ModelConfig, target: Target, shape: StepShape, *,
+                  devices: Sequence[Any], length: int | None = None,
+                  log: Callable[[str], None] = lambda _: None
+                  ) -> tuple[list[TrainFigures], list[StepPlan]]:
+    """Compile ``target``'s trainer candidates for a ``TrainConfig``'s step ``shape`` (with
+    the config's remat policy) and :func:`search` them with its rollout settings; returns the
+    compiled figures and the plans found. ``length``: the longest row, as for ``shape``."""
+    trainers = compile_trainers(
+        target, lambda mesh, groups: plan_config(cfg, arch, target, shape, devices=devices,
+                                                 remat=cfg.model.remat, mesh=mesh,
+                                                 remat_groups=groups), log)
+    model = arch.replace(dtype=cfg.model.dtype)
+    rollout = RolloutShape.of_config(cfg, target.hosts, length)
+    return trainers, search(target, trainers, model, rollout, replica_dtype(cfg),
+                            RolloutSettings.of_config(cfg), min_rows=cfg.data.group_size)
+
+
+# ---------------------------------------------------------------------------- tables
+BLOCK_BEGIN = "<!-- plan-table:begin -->"
+BLOCK_END = "<!-- plan-table:end -->"
+ENGINE_NAMES = {"dense": "jax, dense KV", "paged": "jax, paged KV", "vllm": "vLLM co-located"}
+
+
+def engine_name(choice: Mapping[str, Any]) -> str:
+    """A table's name for a ``StepPlan.as_dict()``'s engine."""
+    if choice["engine"] != "vllm":
+        return ENGINE_NAMES[choice["engine"]]
+    return "vLLM co-located, " + ("sleeps in the update" if choice["time_shared"] else "awake")
+
+
+def markdown_table(choices: Sequence[Mapping[str, Any]]) -> str:
+    """The README's table of ``search`` results (``StepPlan.as_dict()`` records)."""
+    lines = ["| target | rollout engine | trainer | rollout settings | update / reference / "
+             "rollout phase (GiB per device) | need / limit | fits | full rows in flight |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in choices:
+        p = c["phases_gib"]
+        fits, rows = ("**yes**", str(c["full_rows"])) if c["fits"] else ("no", "—")
+        lines.append(
+            f"| {c['target']} | {engine_name(c)} | {c['trainer']} | "
+            f"{c['rollout_settings']} | {p['update']:.1f} / {p['reference']:.1f} / "
+            f"{p['rollout']:.1f} | {c['need_gib']:.1f} / {c['limit_gib']:.1f} | {fits} | "
+            f"{rows} |")
+    return "\n".join(lines) + "\n"
+
+
+def record_table(record: Mapping[str, Any]) -> str:
+    """:func:`markdown_table` of a ``bench/plan_targets.py`` record (``{"targets": {name:
+    {"choices": [...]}}}``), targets in :data:`TARGETS` order."""
+    targets = record.get("targets", {})
+    return markdown_table([c for name in TARGETS if name in targets
+                           for c in targets[name].get("choices", [])])
+
+
+def replace_block(text: str, table: str) -> str:
+    """``text`` with what lies between :data:`BLOCK_BEGIN` and :data:`BLOCK_END` replaced by
+    ``table`` (ValueError when the markers are missing or out of order)."""
+    found = re.search(re.escape(BLOCK_BEGIN) + r"\n(.*?)" + re.escape(BLOCK_END), text, re.S)
+    if found is None:
+        raise ValueError(f"no {BLOCK_BEGIN} ... {BLOCK_END} block")
+    return text[:found.start(1)] + table + text[found.end(1):]
+
+
+def read_block(text: str) -> str:
+    """What lies between the markers (ValueError when missing)."""
+    found = re.search(re.escape(BLOCK_BEGIN) + r"\n(.*?)" + re.escape(BLOCK_END), text, re.S)
+    if found is None:
+        raise ValueError(f"no {BLOCK_BEGIN} ... {BLOCK_END} block")
+    return found.group(1)
+
