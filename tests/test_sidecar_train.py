@@ -99,7 +99,11 @@ def test_the_readme_sidecar_command_trains_and_survives_a_killed_server(tmp_path
         assert r["policy/version"] == r["step"]  # published and verified after the update
         assert r["sync/attempts"] in (1, 2) and r["sync/tensors"] > 0
         assert r["sync/write_s"] > 0 and r["sync/load_s"] > 0 and r["sync/verify_s"] > 0
-        assert r["probe/gap_max"] <= r["probe/atol"] and r["probe/distinct"] == 1
+        assert r["probe/gap_max"] <= r["probe/atol"]
+        # Told apart from at least one earlier version (the initial weights), at most from
+        # every earlier one: whether one update moves the probe by 8 noise units is the
+        # machine's rounding, not a contract.
+        assert 1 <= r["probe/distinct"] <= r["step"]
         assert r["violation/rate"] == 0  # the server honoured the action grammars
         assert sum(v for k, v in r.items() if k.startswith("rows/by_domain/")) == 40
     assert records[0]["sync/restarts"] == 0 and records[-1]["sync/restarts"] == 1

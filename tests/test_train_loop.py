@@ -179,3 +179,22 @@ def test_http_workers_serve_every_step(tmp_path, monkeypatch, compile_cache):
                for r in steps)
     assert len(server.bodies) == sum(r["episode/worker_calls_mean"] * 10 for r in steps)
     assert SECRET not in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_training_rolls_out_on_the_paged_engine(tmp_path, compile_cache):
+    """`rollout.kv_cache: paged` through the whole loop: 10 rollouts through 4 decode slots of
+    a small page pool (rows admitted as others retire), two steps, every action valid."""
+    from jax_routeweaver.rl.run_log import read_metrics
+
+    out = tmp_path / "paged"
+    done = subprocess.run(train_cmd(out, "steps=2", "rollout.kv_cache=paged",
+                                    "rollout.paged.max_rows=4",
+                                    "rollout.paged.budget_tokens=16384"),
+                          capture_output=True, text=True, timeout=900,
+                          env=run_env(compile_cache))
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert r["policy/version"] == r["step"] and r["violation/rate"] == 0
+        assert sum(v for k, v in r.items() if k.startswith("rows/by_domain/")) == 10
