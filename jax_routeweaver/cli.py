@@ -191,6 +191,47 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ warm-start
+def _warm_start_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, required=True,
+                   help="training config (YAML) whose model.random architecture, "
+                        "model.stand_in settings, tokenizer and questions to use")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides, as for `routeweaver train`")
+
+
+def _warm_start(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from jax_routeweaver.models.sharding import make_mesh
+    from jax_routeweaver.rl import loop, stand_in
+    from jax_routeweaver.rl.train_config import RANDOM_INITS, load_train_config
+
+    cfg = load_train_config(args.config, args.overrides)
+    if cfg.model.init not in RANDOM_INITS:
+        raise ValueError(f"model.init: {cfg.model.init!r}; the stand-in is distilled from "
+                         "the random-init router (model.init: random or stand-in)")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init="stand-in"))
+    console = Console()
+    records = loop.build_records(cfg, console)
+    tokenizer = loop.build_tokenizer(cfg, records, loop.build_pool(cfg, records))
+    path = loop.stand_in_path(cfg, make_mesh((1, -1, 1)), tokenizer, records, console.print)
+    report = stand_in.read_report(path)
+    table = Table(title=f"decision states of {report['after']['questions']} held-out "
+                        "questions")
+    table.add_column("diagnostic")
+    table.add_column("random init", justify="right")
+    table.add_column("stand-in", justify="right")
+    for key in ("align", "domain_share", "probe", "common", "mode_p_max", "mode_entropy"):
+        table.add_row(key, f"{report['before'][key]:.3f}", f"{report['after'][key]:.3f}")
+    console.print(table)
+    print(f"model.init=stand-in loads {path} (built in {report['seconds']} s)")
+    return 0
+
+
 # ------------------------------------------------------------------------------ plan
 def _plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, type=Path, help="training config (YAML)")
@@ -819,6 +860,37 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
     cmp.set_defaults(eval_run=_eval_compare)
 
+    fav = sub.add_parser(
+        "favourites", help="measure which execution mode the worker pool favours per domain "
+                           "(forced rollouts of the run's training questions)",
+        description="Run the first N training questions of each domain forced to single, "
+                    "multi and agentic, K episodes each, with the router sampling at "
+                    "rollout.temperature, and report E[reward | domain, mode] (reward = "
+                    "(1-alpha) r_task + alpha r_eff) and per worker, the favourite mode per "
+                    "domain and its margin. It measures the given policy's own execution of "
+                    "each mode (docs/favourites.md). Optionally writes OUT/favourites.json "
+                    "and OUT/favourites.md.")
+    fav.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                     help="config overrides, as for `routeweaver train` (e.g. reward.alpha=1 "
+                          "algo.estimator=comet_gdpo)")
+    fav.add_argument("--config", type=Path, default=None,
+                     help="training config (YAML); required unless --checkpoint is inside a "
+                          "training run directory (its config.yaml)")
+    fav.add_argument("--checkpoint", default=None,
+                     help="a router checkpoint as for `eval run` (default: the config's "
+                          "initial policy, model.init)")
+    fav.add_argument("--per-domain", type=int, default=20, metavar="N",
+                     help="questions per domain: the first N of the run's training questions "
+                          "(default 20)")
+    fav.add_argument("--samples", type=int, default=4, metavar="K",
+                     help="episodes per question and mode (default 4)")
+    fav.add_argument("--seed", type=int, default=0,
+                     help="the router's sampling seed (default 0)")
+    fav.add_argument("--out", type=Path, default=None,
+                     help="write favourites.json and favourites.md here")
+    fav.add_argument("--no-progress", action="store_true", help="no progress bar")
+    fav.set_defaults(eval_run=_eval_favourites)
+
     rep = sub.add_parser(
         "report", help="compare several evaluation output directories (Table 1, Figure 3/4)",
         description="Build the comparison table (comparison.md/.json) and the accuracy-vs-"
@@ -924,6 +996,38 @@ def _eval_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_favourites(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from jax_routeweaver.eval.favourites import (
+        check_options,
+        measure_favourites,
+        modes_table,
+        workers_table,
+        write_outputs,
+    )
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    if args.checkpoint is None and args.config is None:
+        raise ValueError("--config is required without --checkpoint (or give --checkpoint "
+                         "inside a training run directory)")
+    config = args.config if args.checkpoint is None \
+        else _checkpoint_config(args.checkpoint, args.config)
+    cfg = load_train_config(config, args.overrides)
+    check_options(cfg, per_domain=args.per_domain, samples=args.samples)  # before any build
+    console = Console()
+    result = measure_favourites(
+        cfg, checkpoint=None if args.checkpoint is None else str(args.checkpoint),
+        per_domain=args.per_domain, samples=args.samples, seed=args.seed, console=console,
+        progress=not args.no_progress)
+    console.print(modes_table(result))
+    console.print(workers_table(result))
+    if args.out is not None:
+        paths = write_outputs(result, args.out)
+        print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
 def _eval_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -995,6 +1099,9 @@ COMMANDS: tuple[Command, ...] = (
             _export_hf_arguments, _export_hf),
     Command("train", "train a router with RL from a YAML config (+ key.sub=value overrides)",
             _train_arguments, _train),
+    Command("warm-start", "build (or reuse) the cached stand-in for a pretrained router "
+            "that model.init: stand-in loads (docs/stand_in.md)", _warm_start_arguments,
+            _warm_start),
     Command("selfcheck", "check every part end to end on CPU in about a minute (tokenizer, "
             "sharded model, orbax, HF export parity, sampler, episodes, code sandbox)",
             _quickstart_arguments, _quickstart),
@@ -1009,7 +1116,8 @@ COMMANDS: tuple[Command, ...] = (
             "Router-R1 files from local dataset copies", _data_arguments, _data),
     Command("eval", "evaluate routers: `eval run` runs a checkpoint over evaluation sets, "
             "`eval baselines` the single-round baselines, `eval compare` the whole comparison "
-            "table, `eval report` compares several evaluations", _eval_arguments, _eval),
+            "table, `eval favourites` measures the favoured mode per domain, `eval report` "
+            "compares several evaluations", _eval_arguments, _eval),
 )
 
 

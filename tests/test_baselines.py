@@ -1,4 +1,4 @@
-"""Single-round baselines (eval/baselines.py) and MiniLM embeddings (eval/embeddings.py).
+"""Single-round baselines (eval/baselines.py) and MiniLM embeddings (models/sentence_encoder.py).
 
 Setup: 250 synthetic tasks on the simulated pool (50 per domain, balanced difficulties), split
 60/40 into train/eval by a seeded shuffle. The simulated workers are specialists per domain
@@ -34,7 +34,7 @@ from jax_routeweaver.eval.baselines import (
     single_payload,
     write_rows,
 )
-from jax_routeweaver.eval.embeddings import EMBEDDING_DIM, Embedder
+from jax_routeweaver.models.sentence_encoder import EMBEDDING_DIM, Embedder
 from jax_routeweaver.rewards.scorers.registry import score
 from jax_routeweaver.routing.answers import extract_answer
 from jax_routeweaver.routing.pricing import REFERENCE_PRICES, PricingError

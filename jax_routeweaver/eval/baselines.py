@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from jax_routeweaver.data.records import CODE_SCORER_DATASETS, Record
-from jax_routeweaver.eval.embeddings import Embedder
+from jax_routeweaver.models.sentence_encoder import Embedder
 from jax_routeweaver.rewards.reward import CodeScorerMode, Verdict, candidate_programs, judge
 from jax_routeweaver.routing.answers import extract_answer
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
@@ -580,7 +580,7 @@ async def aevaluate_baselines(
 
     `routers`: names from `BASELINE_NAMES`. `outcomes`: reuse collected outcomes (must cover
     the eval records, and the training records when "knn"/"mlp" run); else they are collected
-    through `pool`. `embedder`: default the bundled all-MiniLM-L6-v2 (`eval.embeddings`).
+    through `pool`. `embedder`: default the bundled all-MiniLM-L6-v2 (`models.sentence_encoder`).
     Raises ValueError if train and eval share a sample_id or question.
     """
     train_records, eval_records = list(train_records), list(eval_records)

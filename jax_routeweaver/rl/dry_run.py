@@ -39,7 +39,7 @@ from jax_routeweaver.rl.step_plan import (
     replica_dtype,
     step_plan,
 )
-from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.rl.train_config import RANDOM_INITS, TrainConfig
 from jax_routeweaver.routing.workers import load_channels
 
 QWEN3_VOCAB = 151_936
@@ -62,7 +62,7 @@ def architecture(cfg: TrainConfig) -> tuple[ModelConfig, str]:
     for a policy checkpoint not written yet (a later arm of a multi-arm run), the HF
     directory given as ``model.tokenizer``."""
     m = cfg.model
-    if m.init == "random":
+    if m.init in RANDOM_INITS:
         return ModelConfig(**{"vocab_size": QWEN3_VOCAB, **m.random}), "model.random"
     hf = Path(m.path) / "config.json"
     if m.init == "hf":

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from jax_routeweaver.models.tokenizer import (
     prune_tokenizer,
 )
 from jax_routeweaver.rewards.reward import RewardConfig, score_batch
-from jax_routeweaver.rl import curriculum, distributed
+from jax_routeweaver.rl import curriculum, distributed, stand_in
 from jax_routeweaver.rl import router_r1_run as r1run
 from jax_routeweaver.rl.batch import (
     check_query_groups,
@@ -123,19 +124,21 @@ def routing_corpus(records: list[Record], pool: Any, protocol: Any,
     return texts
 
 
-def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
+def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any,
+                 records: Sequence[Record] = (), log: Callable[[str], None] | None = None
+                 ) -> Qwen3:
     """The initial policy, born sharded on `mesh` (see `ModelSection`). A random model takes
     vocab_size (rounded up to 128) and the eos/pad/bos ids from the tokenizer unless given;
-    ``init: hf`` loads the Hugging Face checkpoint directory in ``model.path``."""
+    ``init: stand-in`` distils that random model on the questions of `records` first (or
+    loads it from the cache, `rl.stand_in`); ``init: hf`` loads the Hugging Face checkpoint
+    directory in ``model.path``."""
     m = cfg.model
     runtime = m.runtime()
     if m.init == "random":
-        fields = {"vocab_size": -(-len(tokenizer) // 128) * 128,
-                  "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
-                  "bos_token_id": tokenizer.bos_token_id, **m.random}
-        mc = ModelConfig(**{**fields, "param_dtype": m.param_dtype, "dtype": m.dtype,
-                            **runtime})
-        return create_sharded(lambda: Qwen3(mc, rngs=nnx.Rngs(cfg.seed)), mesh)
+        return random_policy(cfg, mesh, tokenizer)
+    if m.init == "stand-in":
+        path = stand_in_path(cfg, mesh, tokenizer, records, log)
+        return load_hf(path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype, **runtime)
     if m.init == "hf":
         path = Path(m.path)
         if not (path / "config.json").is_file():
@@ -148,6 +151,27 @@ def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
     model, _ = restore_policy(path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype,
                               **runtime)
     return model
+
+
+def random_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
+    """The random-init router of ``model.random`` (seeded by ``cfg.seed``)."""
+    m = cfg.model
+    fields = {"vocab_size": -(-len(tokenizer) // 128) * 128,
+              "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+              "bos_token_id": tokenizer.bos_token_id, **m.random}
+    mc = ModelConfig(**{**fields, "param_dtype": m.param_dtype, "dtype": m.dtype,
+                        **m.runtime()})
+    return create_sharded(lambda: Qwen3(mc, rngs=nnx.Rngs(cfg.seed)), mesh)
+
+
+def stand_in_path(cfg: TrainConfig, mesh: Any, tokenizer: Any, records: Sequence[Record],
+                  log: Callable[[str], None] | None = None) -> Path:
+    """The HF directory of the run's stand-in (`rl.stand_in`), distilled from
+    `random_policy` on the questions of `records` when not cached yet."""
+    if not records:
+        raise ValueError("model.init: stand-in needs the run's questions to distil on")
+    return stand_in.ensure_stand_in(random_policy(cfg, mesh, tokenizer), tokenizer, records,
+                                    cfg.model.stand_in, seed=cfg.seed, log=log)
 
 
 def build_records(cfg: TrainConfig, console: Console) -> list[Record]:
@@ -234,7 +258,8 @@ class _Run:
             self.pool = r1run.router_r1_pool(self.pool)
         self.tokenizer = build_tokenizer(cfg, self.records, self.pool)
         self.mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
-        model = build_policy(cfg, self.mesh, self.tokenizer)
+        model = build_policy(cfg, self.mesh, self.tokenizer, self.records,
+                             log=console.print)
         if len(self.tokenizer) > model.config.vocab_size:
             raise ValueError(f"tokenizer has {len(self.tokenizer)} tokens but the model's "
                              f"vocab_size is {model.config.vocab_size}")

@@ -23,20 +23,44 @@ from jax_routeweaver.routing.router_r1_env import max_action_bytes
 # Numeric fields declare their valid range with `bounded` (checked when a config is loaded);
 # `check_train_config` holds the rules that involve more than one field.
 _SEED = "[0, 4294967295]"  # seeds: uint32
+RANDOM_INITS = ("random", "stand-in")  # model.init kinds built from model.random
+
+
+@dataclasses.dataclass(frozen=True)
+class StandInSection:
+    """``model.init: stand-in``: a random-init router (``model.random``) distilled before RL
+    into a stand-in for a pretrained one (`rl.stand_in`): its decision state follows a
+    sentence encoder's embedding of the question while its three mode declarations stay
+    near uniform. Built once per (architecture, tokenizer, questions, these fields) and
+    cached on disk. Not part of the paper's method: the paper starts from a pretrained
+    Qwen3, which this machine cannot download."""
+
+    steps: int = bounded(300, "[1, inf)")  # AdamW steps
+    batch_size: int = bounded(32, "[1, inf)")  # questions per step
+    lr: float = bounded(3e-3, "(0, 1]")  # AdamW learning rate
+    dims: int = bounded(32, "[1, inf)")  # encoder principal components the state carries
+    # weight of the question-independent direction in the target state (0: states centred)
+    common: float = bounded(0.5, "[0, inf)")
+    mode_weight: float = bounded(1.0, "[0, inf)")  # weight of the uniform-mode term
+    holdout: float = bounded(0.2, "[0, 1)")  # share of questions kept for the diagnostics
+    # "" = $ROUTEWEAVER_CACHE/stand_in, else ~/.cache/jax_routeweaver/stand_in
+    cache_dir: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     """The router. ``init``: "random" (architecture from ``random``: ``ModelConfig``
-    fields; vocab_size and eos/pad/bos ids default to the tokenizer's), "hf" (the Hugging
-    Face checkpoint directory in ``path``), a Hugging Face checkpoint directory, or an orbax
-    policy checkpoint directory. ``tokenizer``: "qwen3" (the real Qwen3 tokenizer, built
-    offline), "qwen3-pruned" (the same BPE restricted to the tokens of this run's prompts
-    and worker replies) or a tokenizer directory."""
+    fields; vocab_size and eos/pad/bos ids default to the tokenizer's), "stand-in" (the
+    same random router distilled by ``stand_in`` first: `StandInSection`), "hf" (the
+    Hugging Face checkpoint directory in ``path``), a Hugging Face checkpoint directory, or
+    an orbax policy checkpoint directory. ``tokenizer``: "qwen3" (the real Qwen3 tokenizer,
+    built offline), "qwen3-pruned" (the same BPE restricted to the tokens of this run's
+    prompts and worker replies) or a tokenizer directory."""
 
     init: str = "random"
     path: str = ""
     random: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stand_in: StandInSection = dataclasses.field(default_factory=StandInSection)
     tokenizer: str = "qwen3"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -342,8 +366,13 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
         if getattr(cfg.algo.loss, name) != getattr(default_loss, name):
             fail(f"algo.loss.{name}", f"set algo.exploration.{name} instead (the curriculum "
                  "owns the support schedule λ_b = λ0·ρ_b; the loss takes it from there)")
-    if cfg.model.init != "random" and cfg.model.random:
-        fail("model.random", "only used with model.init: random")
+    if cfg.model.init not in RANDOM_INITS and cfg.model.random:
+        fail("model.random", "only used with model.init: random or stand-in")
+    if cfg.model.init != "stand-in" and cfg.model.stand_in != StandInSection():
+        fail("model.stand_in", "only used with model.init: stand-in")
+    if cfg.model.init == "stand-in" and cfg.rollout.dialect == "router_r1":
+        fail("model.init", "stand-in distils the mode decision, which rollout.dialect: "
+             "router_r1 does not have")
     if cfg.model.init == "hf" and not cfg.model.path.strip():
         fail("model.path", "model.init: hf needs the Hugging Face checkpoint directory")
     if cfg.model.init != "hf" and cfg.model.path:

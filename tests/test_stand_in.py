@@ -1,0 +1,185 @@
+"""The pretrained stand-in (rl/stand_in.py): targets, the objective, the cache, the config."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from rich.console import Console
+
+from jax_routeweaver.config import ConfigError
+from jax_routeweaver.models.sharding import make_mesh
+from jax_routeweaver.rl import loop, stand_in
+from jax_routeweaver.rl.train_config import StandInSection, load_train_config
+from jax_routeweaver.routing import grammar as g
+from jax_routeweaver.routing import prompts
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+QUIET = Console(file=io.StringIO())
+
+
+def config(tmp_path: Path, *extra: str):
+    return load_train_config(QUICKSTART, [
+        "model.init=stand-in", f"model.stand_in.cache_dir={tmp_path / 'cache'}",
+        "data.synthetic_queries=60", "model.stand_in.steps=40",
+        "model.stand_in.batch_size=16", "model.stand_in.dims=8", *extra])
+
+
+@pytest.fixture(scope="module")
+def run_parts(tmp_path_factory):
+    """The quickstart's questions (60), pool and pruned tokenizer."""
+    cfg = config(tmp_path_factory.mktemp("parts"))
+    records = loop.build_records(cfg, QUIET)
+    tokenizer = loop.build_tokenizer(cfg, records, loop.build_pool(cfg, records))
+    return records, tokenizer
+
+
+def random_router(cfg, tokenizer):
+    return loop.build_policy(dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, init="random",
+                                       stand_in=StandInSection())), make_mesh((1, -1, 1)),
+        tokenizer)
+
+
+def test_decision_inputs_end_where_the_mode_word_is_chosen(run_parts):
+    records, tokenizer = run_parts
+    tokens, mask, last, firsts = stand_in.decision_inputs(
+        tokenizer, [r.question for r in records[:3]])
+    decls = [tokenizer.encode(g.declaration_text(m), add_special_tokens=False)
+             for m in g.MODES]
+    assert firsts == [d[3] for d in decls]  # after the shared "<", "mode", ">"
+    for i, r in enumerate(records[:3]):
+        prompt = prompts.selector_prompt_ids(tokenizer, r.question)
+        n = len(prompt) + 3
+        assert last[i] == n - 1 and mask[i].sum() == n
+        assert list(tokens[i, :n]) == prompt + decls[0][:3]
+    assert tokens.shape[1] % stand_in.LENGTH_MULTIPLE == 0
+
+
+def test_targets_are_unit_directions_with_the_configured_shared_part():
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((50, 20)).astype(np.float32)
+    train = np.arange(40)
+    t = stand_in.targets(emb, train, dims=6, common=0.5, hidden=16, seed=3)
+    assert t.shape == (50, 16)
+    np.testing.assert_allclose(np.linalg.norm(t, axis=1), 1.0, rtol=1e-5)
+    # The shared direction: rms(component) 1 against common 0.5, so |mean t|^2 is about
+    # 0.5^2 / (1 + 0.5^2) of the mean |t|^2 over the training rows.
+    share = np.sum(t[train].mean(0) ** 2) / np.mean(np.sum(t[train] ** 2, 1))
+    assert 0.12 < share < 0.3, share
+    # Seeded: the same inputs give the same targets, another seed another basis.
+    np.testing.assert_array_equal(t, stand_in.targets(emb, train, dims=6, common=0.5,
+                                                      hidden=16, seed=3))
+    assert not np.allclose(t, stand_in.targets(emb, train, dims=6, common=0.5, hidden=16,
+                                               seed=4))
+    # Alike embeddings get alike targets: cosine of targets follows the embeddings' order.
+    near = emb[0] + 0.01 * rng.standard_normal(20)
+    t2 = stand_in.targets(np.vstack([emb, near[None]]), train, dims=6, common=0.0,
+                          hidden=16, seed=3)
+    assert t2[0] @ t2[-1] > max(t2[0] @ t2[j] for j in range(1, 50))
+    with pytest.raises(ValueError, match="no principal component"):
+        stand_in.targets(emb, np.arange(1), dims=6, common=0.5, hidden=16, seed=0)
+
+
+def test_the_objective_values_by_hand(run_parts, tmp_path):
+    """L_align = 1 - cos(h, t) and L_mode = KL(uniform || softmax(h . w_m))."""
+    records, tokenizer = run_parts
+    cfg = config(tmp_path)
+    model = random_router(cfg, tokenizer)
+    tokens, mask, last, firsts = stand_in.decision_inputs(
+        tokenizer, [r.question for r in records[:4]])
+    h = np.asarray(stand_in.decision_states(model, tokens, mask, last))
+    target = np.eye(h.shape[1], dtype=np.float32)[:4]
+    loss, parts = stand_in.objective(model, tokens, mask, last, target,
+                                     jax.numpy.asarray(firsts), 2.0)
+    cos = (h * target).sum(1) / np.linalg.norm(h, axis=1)
+    w = np.asarray(model.head_weight())[:, firsts]
+    logits = h @ w
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    kl = np.mean(np.sum(np.exp(-np.log(3)) * (-np.log(3) - logp), 1))
+    np.testing.assert_allclose(float(parts["align"]), np.mean(1 - cos), rtol=1e-4)
+    np.testing.assert_allclose(float(parts["mode"]), kl, rtol=1e-3, atol=1e-7)
+    np.testing.assert_allclose(float(loss), np.mean(1 - cos) + 2.0 * kl, rtol=1e-4)
+
+
+def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monkeypatch):
+    records, tokenizer = run_parts
+    cfg = config(tmp_path)
+    lines: list[str] = []
+    model = loop.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records,
+                              log=lines.append)
+    [path] = [p for p in (tmp_path / "cache").iterdir() if p.name != "embeddings"]
+    report = stand_in.read_report(path)
+    before, after = report["before"], report["after"]
+    # Distilled on held-out questions: states aligned with the encoder's, no mode preferred,
+    # and the shared part of the decision state well below the random init's.
+    assert after["align"] > before["align"] + 0.3, report
+    assert after["mode_p_max"] < 0.45 and after["mode_entropy"] > 0.97, after
+    assert after["common"] < before["common"], report
+    assert report["loss_last"]["loss"] < report["loss_first"]["loss"]
+    assert not list((tmp_path / "cache").glob(".building-*"))
+    # The run's policy is the cached model's weights.
+    cached = stand_in.diagnostics(loop.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer,
+                                                    records), _inputs(cfg, records, tokenizer))
+    again = stand_in.diagnostics(model, _inputs(cfg, records, tokenizer))
+    assert cached == again
+    # Reused: a second build trains nothing.
+    monkeypatch.setattr(stand_in, "distil", lambda *a, **k: pytest.fail("retrained"))
+    loop.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records, log=lines.append)
+    assert any("reusing" in line for line in lines)
+    # Any field that changes the result changes the key (the cache directory is not one).
+    key = lambda c: stand_in.cache_key(model, tokenizer, records, c.model.stand_in, c.seed)
+    assert key(config(tmp_path, "model.stand_in.common=0.3")) != key(cfg)
+    assert key(config(tmp_path, "seed=1")) != key(cfg)
+    assert key(config(tmp_path / "elsewhere")) == key(cfg)
+
+
+def _inputs(cfg, records, tokenizer):
+    root = stand_in.cache_root(cfg.model.stand_in.cache_dir)
+    from jax_routeweaver.models.sentence_encoder import Embedder
+    emb = Embedder(cache_dir=root / "embeddings").embed([r.question for r in records])
+    return stand_in.build_inputs(tokenizer, records, emb, hidden=64,
+                                 settings=cfg.model.stand_in, seed=cfg.seed)
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROUTEWEAVER_CACHE", str(tmp_path))
+    assert stand_in.cache_root("") == tmp_path / "stand_in"
+    assert stand_in.cache_root("/x/y") == Path("/x/y")
+    monkeypatch.delenv("ROUTEWEAVER_CACHE")
+    assert stand_in.cache_root("") == Path.home() / ".cache" / "jax_routeweaver" / "stand_in"
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["model.stand_in.steps=10"], "model.stand_in"),  # init random
+    (["model.init=stand-in", "model.stand_in.steps=0"], "model.stand_in.steps"),
+    (["model.init=stand-in", "model.stand_in.holdout=1"], "model.stand_in.holdout"),
+])
+def test_bad_stand_in_settings_name_the_field(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_train_config(QUICKSTART, overrides)
+
+
+
+def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
+    from jax_routeweaver.cli import main
+
+    argv = ["warm-start", "--config", str(QUICKSTART), "model.init=stand-in",
+            f"model.stand_in.cache_dir={tmp_path}", "data.synthetic_queries=60",
+            "model.stand_in.steps=20", "model.stand_in.dims=8"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert "distilling 60 questions" in first and "domain_share" in first
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert "reusing" in second and "distilling" not in second
+    path = second.strip().splitlines()[-1].split(" loads ")[1].split(" (")[0]
+    assert stand_in.read_report(Path(path))["settings"]["steps"] == 20
+    # Not a random-init router: one line naming the field, exit non-zero, nothing built.
+    assert main(["warm-start", "--config", str(QUICKSTART), "model.init=/nonexistent",
+                 "model.random={}"]) != 0
+    assert "model.init" in capsys.readouterr().err
