@@ -132,7 +132,8 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     loop.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records, log=lines.append)
     assert any("reusing" in line for line in lines)
     # Any field that changes the result changes the key (the cache directory is not one).
-    key = lambda c: stand_in.cache_key(model, tokenizer, records, c.model.stand_in, c.seed)
+    key = lambda c: stand_in.cache_key(model.config, tokenizer, records, c.model.stand_in,
+                                       c.seed)
     assert key(config(tmp_path, "model.stand_in.common=0.3")) != key(cfg)
     assert key(config(tmp_path, "seed=1")) != key(cfg)
     assert key(config(tmp_path / "elsewhere")) == key(cfg)

@@ -57,7 +57,7 @@ from jax_routeweaver.config import redact_secrets, to_dict
 from jax_routeweaver.data.records import FORCED_MODES, Domain, ReadStats, Record, read_records
 from jax_routeweaver.eval import report
 from jax_routeweaver.models.hf import load_hf
-from jax_routeweaver.models.sharding import SAMPLE_RULES, make_mesh
+from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.models.tokenizer import load_tokenizer
 from jax_routeweaver.rewards.reward import RewardConfig, score_batch
 from jax_routeweaver.rl import router_r1_run as r1run
@@ -65,6 +65,7 @@ from jax_routeweaver.rl.checkpoint import TOKENIZER_DIR, has_tokenizer, list_ste
 from jax_routeweaver.rl.loop import (
     CONFIG_FILE,
     build_pool,
+    build_sampler,
     build_tokenizer,
     c_ref,
     env_config,
@@ -85,8 +86,6 @@ from jax_routeweaver.routing.replay import (
 from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
 from jax_routeweaver.routing.simulated import synthetic_tasks
 from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE, HttpWorkerPool, load_channels
-from jax_routeweaver.sampling.constraints import GrammarConstraints
-from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampler
 
 CACHE_FILE = "worker_cache.jsonl"
 SYNTHETIC = "synthetic"
@@ -386,19 +385,9 @@ class _Runner:
             self.sidecar = Sidecar(self.cfg, model, tokenizer, out)
             self.sampler = self.sidecar.sampler
         else:
-            constraints = GrammarConstraints(tokenizer, model.config.vocab_size) \
-                if cfg.rollout.constrained else None
-            # As the loop does: the first round samples the whole batch, make it a bucket.
-            buckets = sorted({*DEFAULT_BATCH_BUCKETS, batch_size}
-                             - {b for b in DEFAULT_BATCH_BUCKETS
-                                if batch_size < b < 2 * batch_size})
-            self.sampler = JaxSampler(model, decode=tokenizer.decode, pad_id=pad_id, mesh=mesh,
-                                      rules=SAMPLE_RULES, constraints=constraints,
-                                      batch_buckets=buckets,
-                                      prefix_cache_mb=cfg.rollout.prefix_cache_mb,
-                                      prompt_buckets=cfg.rollout.prompt_buckets,
-                                      device_choices=cfg.rollout.device_choices,
-                                      kv_cache=cfg.rollout.kv_cache, paged=cfg.rollout.paged)
+            # As the loop does: the first round samples the whole batch.
+            self.sampler = build_sampler(cfg, model, tokenizer, mesh, batch_size,
+                                         pad_id=pad_id)
         del model
         self.loop = asyncio.new_event_loop()
 

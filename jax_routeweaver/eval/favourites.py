@@ -58,12 +58,13 @@ from rich.progress import (
 from jax_routeweaver.config import redact_secrets, to_dict
 from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 from jax_routeweaver.eval.evaluate import load_router, load_router_tokenizer, resolve_checkpoint
-from jax_routeweaver.models.sharding import SAMPLE_RULES, make_mesh
+from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rewards.reward import RewardConfig, Rewards, score_batch
 from jax_routeweaver.rl.loop import (
     build_policy,
     build_pool,
     build_records,
+    build_sampler,
     build_tokenizer,
     c_ref,
     env_config,
@@ -72,8 +73,6 @@ from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.episode import Trajectory, run_episodes_async
 from jax_routeweaver.routing.pricing import REFERENCE_PRICES
 from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
-from jax_routeweaver.sampling.constraints import GrammarConstraints
-from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampler
 
 MODES: tuple[str, ...] = FORCED_MODES  # single, multi, agentic: the order ties resolve in
 JSON_FILE = "favourites.json"
@@ -375,7 +374,7 @@ def modes_table(result: FavouritesResult) -> Any:
 
 
 def _short(worker: str) -> str:
-    return worker.removeprefix("worker_") if worker.startswith("worker_") else worker
+    return worker.removeprefix("worker_")
 
 
 def workers_table(result: FavouritesResult) -> Any:
@@ -441,12 +440,6 @@ def write_outputs(result: FavouritesResult, out_dir: str | Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------ the driver
-def _sampler_buckets(episodes: int) -> list[int]:
-    """The default batch buckets with `episodes` exact (as the loop does for its batch)."""
-    return sorted({*DEFAULT_BATCH_BUCKETS, episodes}
-                  - {b for b in DEFAULT_BATCH_BUCKETS if episodes < b < 2 * episodes})
-
-
 def measure_favourites(cfg: TrainConfig, *, checkpoint: str | None = None,
                        per_domain: int = 20, samples: int = 4, seed: int = 0,
                        console: Console | None = None, progress: bool = True
@@ -493,14 +486,8 @@ def measure_favourites(cfg: TrainConfig, *, checkpoint: str | None = None,
     per_batch = max(1, cfg.data.batch_size * cfg.data.group_size // samples)
     plan = batches(work, per_batch)
     r = cfg.rollout
-    sampler = JaxSampler(
-        model, decode=tokenizer.decode, pad_id=tokenizer.pad_token_id or 0, mesh=mesh,
-        rules=SAMPLE_RULES,
-        constraints=GrammarConstraints(tokenizer, model.config.vocab_size)
-        if r.constrained else None,
-        batch_buckets=_sampler_buckets(len(plan[0]) * samples),
-        prefix_cache_mb=r.prefix_cache_mb, prompt_buckets=r.prompt_buckets,
-        device_choices=r.device_choices, kv_cache=r.kv_cache, paged=r.paged)
+    sampler = build_sampler(cfg, model, tokenizer, mesh, len(plan[0]) * samples,
+                            pad_id=tokenizer.pad_token_id or 0)
     del model
 
     rows: list[dict[str, Any]] = []

@@ -153,25 +153,49 @@ def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any,
     return model
 
 
-def random_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
-    """The random-init router of ``model.random`` (seeded by ``cfg.seed``)."""
+def random_config(cfg: TrainConfig, tokenizer: Any) -> ModelConfig:
+    """The architecture of ``model.random``, with vocab_size (rounded up to 128) and the
+    eos/pad/bos ids from the tokenizer unless given."""
     m = cfg.model
     fields = {"vocab_size": -(-len(tokenizer) // 128) * 128,
               "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
               "bos_token_id": tokenizer.bos_token_id, **m.random}
-    mc = ModelConfig(**{**fields, "param_dtype": m.param_dtype, "dtype": m.dtype,
-                        **m.runtime()})
+    return ModelConfig(**{**fields, "param_dtype": m.param_dtype, "dtype": m.dtype,
+                          **m.runtime()})
+
+
+def random_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
+    """The random-init router of ``model.random`` (seeded by ``cfg.seed``)."""
+    mc = random_config(cfg, tokenizer)
     return create_sharded(lambda: Qwen3(mc, rngs=nnx.Rngs(cfg.seed)), mesh)
 
 
 def stand_in_path(cfg: TrainConfig, mesh: Any, tokenizer: Any, records: Sequence[Record],
                   log: Callable[[str], None] | None = None) -> Path:
     """The HF directory of the run's stand-in (`rl.stand_in`), distilled from
-    `random_policy` on the questions of `records` when not cached yet."""
+    `random_policy` on the questions of `records` when not cached yet (the random
+    weights are only built then)."""
     if not records:
         raise ValueError("model.init: stand-in needs the run's questions to distil on")
-    return stand_in.ensure_stand_in(random_policy(cfg, mesh, tokenizer), tokenizer, records,
-                                    cfg.model.stand_in, seed=cfg.seed, log=log)
+    return stand_in.ensure_stand_in(random_config(cfg, tokenizer),
+                                    lambda: random_policy(cfg, mesh, tokenizer), tokenizer,
+                                    records, cfg.model.stand_in, seed=cfg.seed, log=log)
+
+
+def build_sampler(cfg: TrainConfig, model: Qwen3, tokenizer: Any, mesh: Any, rows: int,
+                  *, pad_id: int) -> JaxSampler:
+    """The in-process sampler of ``cfg.rollout`` (grammar constraints, prompt buckets, KV
+    cache kind, ...). ``rows``: the episodes of a call's first round, all sampled at once,
+    made an exact batch bucket (dropping the default buckets between it and twice it)."""
+    r = cfg.rollout
+    constraints = GrammarConstraints(tokenizer, model.config.vocab_size) \
+        if r.constrained else None
+    buckets = sorted({*DEFAULT_BATCH_BUCKETS, rows}
+                     - {b for b in DEFAULT_BATCH_BUCKETS if rows < b < 2 * rows})
+    return JaxSampler(model, decode=tokenizer.decode, pad_id=pad_id, mesh=mesh,
+                      rules=SAMPLE_RULES, constraints=constraints, batch_buckets=buckets,
+                      prefix_cache_mb=r.prefix_cache_mb, prompt_buckets=r.prompt_buckets,
+                      device_choices=r.device_choices, kv_cache=r.kv_cache, paged=r.paged)
 
 
 def build_records(cfg: TrainConfig, console: Console) -> list[Record]:
@@ -279,14 +303,8 @@ class _Run:
             self.sidecar = Sidecar(cfg, model, self.tokenizer, where)
             self.sampler = self.sidecar.sampler
         else:
-            constraints = GrammarConstraints(self.tokenizer, model.config.vocab_size) \
-                if cfg.rollout.constrained else None
-            # The first round samples all of this host's rows at once: make that an exact
-            # batch bucket.
             processes = self.runtime.num_processes
             rollouts = -(-d.batch_size // processes) * d.group_size
-            buckets = sorted({*DEFAULT_BATCH_BUCKETS, rollouts}
-                             - {b for b in DEFAULT_BATCH_BUCKETS if rollouts < b < 2 * rollouts})
             sample_model, sample_mesh = model, self.mesh
             if processes > 1:
                 # Multi-host: each host rolls out its share of the queries on its own devices
@@ -296,13 +314,8 @@ class _Run:
                 sample_model = replica_model(
                     model, self.replicas.refresh(nnx.state(model, nnx.Param)))
                 sample_mesh = self.replicas.mesh
-            self.sampler = JaxSampler(sample_model, decode=self.tokenizer.decode,
-                                      pad_id=self.pad_id, mesh=sample_mesh, rules=SAMPLE_RULES,
-                                      constraints=constraints, batch_buckets=buckets,
-                                      prefix_cache_mb=cfg.rollout.prefix_cache_mb,
-                                      prompt_buckets=cfg.rollout.prompt_buckets,
-                                      device_choices=cfg.rollout.device_choices,
-                                      kv_cache=cfg.rollout.kv_cache, paged=cfg.rollout.paged)
+            self.sampler = build_sampler(cfg, sample_model, self.tokenizer, sample_mesh,
+                                         rollouts, pad_id=self.pad_id)
         explore = cfg.algo.exploration
         loss = dataclasses.replace(cfg.algo.loss, support_lambda0=explore.support_lambda0,
                                    support_floor=explore.support_floor)

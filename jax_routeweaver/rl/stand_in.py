@@ -47,7 +47,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ import optax
 from flax import nnx
 
 from jax_routeweaver.data.records import Record
+from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sentence_encoder import Embedder
@@ -253,10 +254,10 @@ def diagnostics(model: Qwen3, inputs: Inputs, *, chunk: int = 64) -> dict[str, A
     }
 
 
-def cache_key(model: Qwen3, tokenizer: Any, records: Sequence[Record], settings: Any,
-              seed: int) -> str:
+def cache_key(config: ModelConfig, tokenizer: Any, records: Sequence[Record],
+              settings: Any, seed: int) -> str:
     """A hex key of everything the stand-in depends on (see the module doc)."""
-    cfg = dataclasses.asdict(model.config)
+    cfg = dataclasses.asdict(config)
     fields = {k: v for k, v in dataclasses.asdict(settings).items() if k != "cache_dir"}
     parts = [json.dumps(cfg, sort_keys=True, default=str),
              json.dumps(sorted(tokenizer.get_vocab().items())),
@@ -265,16 +266,19 @@ def cache_key(model: Qwen3, tokenizer: Any, records: Sequence[Record], settings:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
 
 
-def ensure_stand_in(model: Qwen3, tokenizer: Any, records: Sequence[Record], settings: Any,
-                    *, seed: int, log: Any = None) -> Path:
-    """The cached stand-in's HF directory for this random-init ``model`` (built from it and
-    saved atomically when missing; ``model`` is not modified). ``log(str)`` gets progress."""
+def ensure_stand_in(config: ModelConfig, build: Callable[[], Qwen3], tokenizer: Any,
+                    records: Sequence[Record], settings: Any, *, seed: int,
+                    log: Callable[[str], None] | None = None) -> Path:
+    """The cached stand-in's HF directory for the random-init router of architecture
+    ``config`` (``build()`` makes that router, called only when the cache misses; the
+    stand-in is distilled from it and saved atomically). ``log(str)`` gets progress."""
     say = log or (lambda _msg: None)
     root = cache_root(settings.cache_dir)
-    path = root / cache_key(model, tokenizer, records, settings, seed)
+    path = root / cache_key(config, tokenizer, records, settings, seed)
     if (path / REPORT_FILE).is_file():
         say(f"stand-in: reusing {path}")
         return path
+    model = build()
     t0 = time.perf_counter()
     say(f"stand-in: distilling {len(records)} questions' encoder embeddings into the router "
         f"({settings.steps} steps; cached in {path})")
