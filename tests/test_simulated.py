@@ -7,6 +7,7 @@ words; the simulator must recognise them by question text and role keywords only
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import re
@@ -428,8 +429,9 @@ def test_module_doc_tables_match_the_defaults():
         assert float(cells[7]) == profile.verbosity
     for domain, dyn in DEFAULT_DYNAMICS.items():
         cells = rows[domain.value]
-        assert (float(cells[1]), float(cells[2]), triple(cells[3]), float(cells[4])) == (
-            dyn.shared, dyn.persistent, dyn.plan_gain, dyn.verifiability), domain
+        assert (float(cells[1]), float(cells[2]), triple(cells[3]), float(cells[4]),
+                float(cells[5])) == (dyn.shared, dyn.persistent, dyn.plan_gain,
+                                     dyn.verifiability, dyn.distraction), domain
 
 
 # ---------------------------------------------------------------------------- infra behaviour
@@ -468,6 +470,30 @@ def test_constructor_rejects_bad_arguments(tasks):
     clash = tasks[0].replace(sample_id="other", gold=("12345",))
     with pytest.raises(ValueError, match="share a question"):
         SimulatedWorkerPool([tasks[0], clash], seed=0)
+
+
+def test_distraction_costs_accuracy_where_answers_are_facts():
+    """RECALL: an executor reading a plan is right with p (1 - distraction) instead of p;
+    without distraction (and with no fresh noise on RECALL) it answers as a plain call."""
+    records = [r for r in synthetic_tasks(400, seed=5) if r.domain == Domain.RECALL]
+
+    def accuracy(dynamics):
+        pool = SimulatedWorkerPool(records, seed=2, dynamics=dynamics)
+        plain = planned = 0
+        for r in records:
+            plan = pool.respond("worker_2", role_payload("planner", r.question, "Plan it."))
+            plain += is_correct(r, pool.respond("worker_2", plain_payload(r.question)).text)
+            planned += is_correct(r, pool.respond("worker_2", role_payload(
+                "executor", r.question, "Follow the plan.", [("n1", "planner", plan.text)])).text)
+        return plain / len(records), planned / len(records)
+
+    plain, planned = accuracy(DEFAULT_DYNAMICS)
+    assert 0.4 * plain < planned < 0.7 * plain, (plain, planned)  # about (1 - 0.45) p
+    calm = {**DEFAULT_DYNAMICS, Domain.RECALL: dataclasses.replace(
+        DEFAULT_DYNAMICS[Domain.RECALL], distraction=0.0)}
+    assert accuracy(calm)[0] == accuracy(calm)[1] == plain
+    with pytest.raises(ValueError, match="distraction must be in"):
+        dataclasses.replace(DEFAULT_DYNAMICS[Domain.RECALL], distraction=1.5)
 
 
 # ---------------------------------------------------------------------------- design check
@@ -550,6 +576,12 @@ def test_no_single_mode_is_best_everywhere():
     for d in (Domain.KNOWLEDGE, Domain.REASON):
         assert acc[(d, "all")]["multi"] > acc[(d, "all")]["single"] + 0.03, acc[(d, "all")]
     assert acc[(Domain.KNOWLEDGE, "all")]["multi"] > acc[(Domain.KNOWLEDGE, "all")]["agentic"]
+    # Figure 4's directions: on RECALL and KNOWLEDGE another worker's output distracts, so
+    # orchestration loses to one call by a wide margin; on REASON it wins by one.
+    for d in (Domain.RECALL, Domain.KNOWLEDGE):
+        assert acc[(d, "all")]["agentic"] < acc[(d, "all")]["single"] - 0.15, acc[(d, "all")]
+    reason = acc[(Domain.REASON, "all")]
+    assert reason["agentic"] > max(reason["single"], reason["multi"]) + 0.1, reason
     # Accuracy per dollar: single is best on easy items and is the cheapest everywhere.
     assert max(per_cost[("ALL", "easy")], key=per_cost[("ALL", "easy")].get) == "single"
     for d in Domain:

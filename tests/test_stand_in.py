@@ -17,6 +17,7 @@ from jax_routeweaver.rl import loop, stand_in
 from jax_routeweaver.rl.train_config import StandInSection, load_train_config
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
+from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 QUIET = Console(file=io.StringIO())
@@ -85,25 +86,92 @@ def test_targets_are_unit_directions_with_the_configured_shared_part():
         stand_in.targets(emb, np.arange(1), dims=6, common=0.5, hidden=16, seed=0)
 
 
+def _contexts(cfg, tokenizer, records):
+    pool = loop.build_pool(cfg, list(records))
+    make_env = routeweaver_envs(tokenizer, pool, loop.env_config(cfg, tokenizer.eos_token_id))
+    return stand_in.env_worker_contexts(make_env, tokenizer, len(pool.worker_ids()))
+
+
+def test_worker_contexts_end_where_the_first_worker_is_chosen(run_parts, tmp_path):
+    records, tokenizer = run_parts
+    cfg = config(tmp_path)
+    contexts = _contexts(cfg, tokenizer, records)(records[0])
+    assert len(contexts) == len(g.MODES)
+    selector = prompts.selector_prompt_ids(tokenizer, records[0].question)
+    task = cfg.rollout.task_text
+    for mode, (ids, choices) in zip(g.MODES, contexts, strict=True):
+        assert ids[:len(selector)] == selector and len(choices) == 6 == len(set(choices))
+        assert f"<mode>{mode.value}</mode>" in tokenizer.decode(ids[len(selector):])
+        for k, token in enumerate(choices):
+            # the context and choice k start worker k's route, canonically tokenised
+            route = f'<route model="worker_{k + 1}"'
+            full = f'{route}>{task}</route>' if mode != g.Mode.AGENTIC else \
+                f'{route} role="planner" refs="">{task}</route>'
+            canonical = tokenizer.encode(full, add_special_tokens=False)
+            n = _shared(ids, canonical)
+            assert n >= 1 and canonical[n] == token, (mode, k)
+    # Every question offers the same choices; a free-text task has no finite first action.
+    tokens, mask, last, choices = stand_in.worker_inputs(records[:3], _contexts(
+        cfg, tokenizer, records), tokenizer.pad_token_id)
+    assert tokens.shape[:2] == (3, 3) and choices.shape == (3, 6) and last.shape == (3, 3)
+    assert mask.sum(-1).tolist() == (last + 1).tolist()
+    free = config(tmp_path, "model.stand_in.worker_weight=0", "rollout.task_text=")
+    with pytest.raises(ValueError, match="finite first actions"):
+        _contexts(free, tokenizer, records)(records[0])
+
+
+def _shared(ids, canonical):
+    """Length of the longest suffix of ids that is a prefix of canonical."""
+    for n in range(min(len(ids), len(canonical)), 0, -1):
+        if ids[-n:] == canonical[:n]:
+            return n
+    return 0
+
+
+def test_branch_finds_the_first_decision():
+    assert stand_in.branch([[1, 2, 3, 9], [1, 2, 4, 9], [1, 2, 3, 8], [1, 2, 5]]) == \
+        ([1, 2], [3, 4, 5])
+    assert stand_in.branch([[7, 1], [7, 2]]) == ([7], [1, 2])
+
+
 def test_the_objective_values_by_hand(run_parts, tmp_path):
-    """L_align = 1 - cos(h, t) and L_mode = KL(uniform || softmax(h . w_m))."""
+    """L_align = 1 - cos(h, t), L_mode = KL(uniform || softmax(h . w_m)) and the worker
+    terms the same at each mode's first worker choice."""
     records, tokenizer = run_parts
     cfg = config(tmp_path)
     model = random_router(cfg, tokenizer)
     tokens, mask, last, firsts = stand_in.decision_inputs(
         tokenizer, [r.question for r in records[:4]])
+    w_tokens, w_mask, w_last, choices = stand_in.worker_inputs(
+        records[:4], _contexts(cfg, tokenizer, records), tokenizer.pad_token_id)
     h = np.asarray(stand_in.decision_states(model, tokens, mask, last))
     target = np.eye(h.shape[1], dtype=np.float32)[:4]
-    loss, parts = stand_in.objective(model, tokens, mask, last, target,
-                                     jax.numpy.asarray(firsts), 2.0)
-    cos = (h * target).sum(1) / np.linalg.norm(h, axis=1)
-    w = np.asarray(model.head_weight())[:, firsts]
-    logits = h @ w
-    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-    kl = np.mean(np.sum(np.exp(-np.log(3)) * (-np.log(3) - logp), 1))
-    np.testing.assert_allclose(float(parts["align"]), np.mean(1 - cos), rtol=1e-4)
+    mode_only = {"tokens": tokens, "mask": mask, "last": last, "target": target}
+    batch = {**mode_only, "w_tokens": w_tokens, "w_mask": w_mask, "w_last": w_last,
+             "w_choices": np.broadcast_to(choices, (4, *choices.shape))}
+    loss, parts = stand_in.objective(model, batch, jax.numpy.asarray(firsts), 2.0, 0.5)
+    head = np.asarray(model.head_weight())
+
+    def align_and_kl(states, targets, tokens_):
+        cos = (states * targets).sum(-1) / np.linalg.norm(states, axis=-1)
+        logits = np.einsum("...d,...cd->...c", states, np.moveaxis(head[:, tokens_], 0, -1))
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        return np.mean(1 - cos), np.mean(-np.log(logp.shape[-1]) - logp.mean(-1))
+
+    align, kl = align_and_kl(h, target, np.asarray(firsts))
+    hw = np.stack([np.asarray(stand_in.decision_states(model, w_tokens[:, m], w_mask[:, m],
+                                                       w_last[:, m])) for m in range(3)], 1)
+    w_align, w_kl = align_and_kl(hw, target[:, None, :], choices)
+    np.testing.assert_allclose(float(parts["align"]), align, rtol=1e-4)
     np.testing.assert_allclose(float(parts["mode"]), kl, rtol=1e-3, atol=1e-7)
-    np.testing.assert_allclose(float(loss), np.mean(1 - cos) + 2.0 * kl, rtol=1e-4)
+    np.testing.assert_allclose(float(parts["worker_align"]), w_align, rtol=1e-4)
+    np.testing.assert_allclose(float(parts["worker"]), w_kl, rtol=1e-3, atol=1e-7)
+    np.testing.assert_allclose(float(loss), align + 2.0 * kl + 0.5 * (w_align + w_kl),
+                               rtol=1e-4)
+    # Without worker contexts the objective is the mode decision's alone.
+    loss0, parts0 = stand_in.objective(model, mode_only, jax.numpy.asarray(firsts), 2.0, 0.5)
+    assert set(parts0) == {"align", "mode"}
+    np.testing.assert_allclose(float(loss0), align + 2.0 * kl, rtol=1e-4)
 
 
 def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monkeypatch):
@@ -120,6 +188,10 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     assert after["align"] > before["align"] + 0.3, report
     assert after["mode_p_max"] < 0.45 and after["mode_entropy"] > 0.97, after
     assert after["common"] < before["common"], report
+    # Likewise at the first worker choice of each mode, with the six workers kept open.
+    w0, w1 = before["workers"], after["workers"]
+    assert w1["align"] > w0["align"] + 0.3 and w1["common"] < w0["common"], report
+    assert w1["p_max"] < 0.35 and w1["entropy"] > 0.97, w1
     assert report["loss_last"]["loss"] < report["loss_first"]["loss"]
     assert not list((tmp_path / "cache").glob(".building-*"))
     # The run's policy is the cached model's weights.
@@ -144,7 +216,8 @@ def _inputs(cfg, records, tokenizer):
     from jax_routeweaver.models.sentence_encoder import Embedder
     emb = Embedder(cache_dir=root / "embeddings").embed([r.question for r in records])
     return stand_in.build_inputs(tokenizer, records, emb, hidden=64,
-                                 settings=cfg.model.stand_in, seed=cfg.seed)
+                                 settings=cfg.model.stand_in, seed=cfg.seed,
+                                 worker_contexts=_contexts(cfg, tokenizer, records))
 
 
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
@@ -156,14 +229,15 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["model.stand_in.steps=10"], "model.stand_in"),  # init random
+    (["model.init=random", "model.stand_in.steps=10"], "model.stand_in"),
     (["model.init=stand-in", "model.stand_in.steps=0"], "model.stand_in.steps"),
     (["model.init=stand-in", "model.stand_in.holdout=1"], "model.stand_in.holdout"),
+    (["model.init=stand-in", "rollout.task_text="], "model.stand_in.worker_weight"),
+    (["model.init=stand-in", "model.stand_in.worker_weight=-1"], "model.stand_in.worker_weight"),
 ])
 def test_bad_stand_in_settings_name_the_field(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_train_config(QUICKSTART, overrides)
-
 
 
 def test_warm_start_command_builds_then_reuses(tmp_path, capsys):

@@ -22,7 +22,8 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # curriculum turns free at step 3 so both arms and the COMET split are exercised; the sampler
 # reuses earlier turns' KV caches (off in the quickstart itself). Coarse prompt buckets: a
 # short run compiles fewer shapes.
-SMALL = ["steps=4", "data.batch_size=5", "data.group_size=2", "checkpoint.full_every=2",
+SMALL = ["model.init=random", "steps=4", "data.batch_size=5", "data.group_size=2",
+         "checkpoint.full_every=2",
          "data.quotas={MATH: 1, CODE: 1, KNOWLEDGE: 1, REASON: 1, RECALL: 1}",
          "algo.exploration.forced_start_batch=0", "algo.exploration.forced_anneal_steps=2",
          "rollout.max_new_tokens=48", "rollout.prefix_cache_mb=64",

@@ -20,6 +20,7 @@ of `eval run`, so `eval report --runs` takes them as they are.
     <baseline>/         random, largest, oracle, knn, mlp              `run_baselines`
     worker_cache.jsonl  ONE record/replay cache for all of them (unless placed elsewhere)
     comparison.json/.md, mode_shares.png, accuracy_vs_cost.png     `report.write_comparison`
+    mode_oracle.json/.md   per-question mode choice vs the best forced mode  `mode_oracle`
 
 The evaluation sets are loaded once, with the router's config, and every row evaluates
 exactly those questions (Router-R1 too, whatever its own config's data section says). A
@@ -52,12 +53,15 @@ from jax_routeweaver.eval.evaluate import (
     check_run_options,
     load_sets,
 )
+from jax_routeweaver.eval.mode_oracle import ModeOracle, mode_oracle, mode_oracle_markdown
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.calls import WorkerPool
 from jax_routeweaver.routing.replay import ReplayMode, ReplayStats
 from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE
 
 ROUTER = "router"
+MODE_ORACLE_JSON = "mode_oracle.json"
+MODE_ORACLE_MD = "mode_oracle.md"
 ROUTER_R1 = "router_r1"
 BASELINE_KIND = "baseline"
 LEARNED = ("knn", "mlp")
@@ -301,6 +305,14 @@ def _comparison_rows(result: EvalResult, keys: list[tuple[str, str]]
     return [by_key[k] for k in keys]
 
 
+def write_mode_oracle(oracle: ModeOracle, out: Path) -> list[Path]:
+    """``mode_oracle.json`` and ``mode_oracle.md`` under `out`."""
+    paths = [out / MODE_ORACLE_JSON, out / MODE_ORACLE_MD]
+    paths[0].write_text(json.dumps(oracle.to_json(), indent=1) + "\n")
+    paths[1].write_text(mode_oracle_markdown(oracle))
+    return paths
+
+
 def run_comparison(cfg: TrainConfig, options: CompareOptions, *,
                    r1_cfg: TrainConfig | None = None, pool: WorkerPool | None = None,
                    embedder: Any = None, console: Console | None = None
@@ -345,10 +357,13 @@ def run_comparison(cfg: TrainConfig, options: CompareOptions, *,
     results.update(run_baselines(cfg, baseline_options, pool=pool,
                                  eval_sets=sets, embedder=embedder, console=console))
 
-    summaries = {name: report.summarize(_comparison_rows(result, keys), router=name,
-                                        alpha=result.summary.alpha)
+    rows = {name: _comparison_rows(result, keys) for name, result in results.items()}
+    summaries = {name: report.summarize(rows[name], router=name, alpha=result.summary.alpha)
                  for name, result in results.items()}
     paths = report.write_comparison(summaries, out)
+    oracle = mode_oracle(rows[ROUTER], {m: rows[forced_name(m)] for m in FORCED_MODES})
+    paths += write_mode_oracle(oracle, out)
     console.print(report.console_table(summaries))
+    console.print(mode_oracle_markdown(oracle))
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
     return summaries

@@ -177,9 +177,16 @@ def stand_in_path(cfg: TrainConfig, mesh: Any, tokenizer: Any, records: Sequence
     weights are only built then)."""
     if not records:
         raise ValueError("model.init: stand-in needs the run's questions to distil on")
+    contexts = None
+    if cfg.model.stand_in.worker_weight > 0:
+        pool = build_pool(cfg, list(records))
+        config = random_config(cfg, tokenizer)
+        make_env = routeweaver_envs(tokenizer, pool, env_config(cfg, config.eos_token_id))
+        contexts = stand_in.env_worker_contexts(make_env, tokenizer, len(pool.worker_ids()))
     return stand_in.ensure_stand_in(random_config(cfg, tokenizer),
                                     lambda: random_policy(cfg, mesh, tokenizer), tokenizer,
-                                    records, cfg.model.stand_in, seed=cfg.seed, log=log)
+                                    records, cfg.model.stand_in, seed=cfg.seed,
+                                    worker_contexts=contexts, log=log)
 
 
 def build_sampler(cfg: TrainConfig, model: Qwen3, tokenizer: Any, mesh: Any, rows: int,

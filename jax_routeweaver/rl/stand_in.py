@@ -25,7 +25,19 @@ decision state hardly depends on the question, so RL moves every question's mode
 
       L_mode = mean_q KL(uniform || p(. | q)) = mean_q (-log 3 - mean_m log p(m | q))
 
-``L = L_align + mode_weight * L_mode``, minimised by AdamW over all the router's weights.
+* the same for the first worker choice of each mode: the state ``h_m(q)`` at the position
+  whose logits choose the first route's worker (the forced arm's context for mode ``m``:
+  declaration, rulebook, then the route's common prefix up to the worker id) is pulled
+  towards the same ``t(q)``, and the choice among the offered workers' tokens is kept
+  uniform::
+
+      L_workers = mean_{q,m} [ (1 - cos(h_m(q), t(q))) + KL(uniform || p(. | q, m)) ]
+
+  (without it the worker choice, made several hundred tokens after the question, keeps
+  the random init's question-blind state, and RL picks one worker for every question).
+
+``L = L_align + mode_weight * L_mode + worker_weight * L_workers``, minimised by AdamW over all
+the router's weights.
 The result is an HF directory cached under ``cache_dir/<key>/`` where the key hashes the
 architecture, the tokenizer's vocabulary, the question texts, the `StandInSection` fields, the
 seed and `VERSION`; a later run with the same inputs loads it instead of training.
@@ -35,7 +47,8 @@ comparison): ``align`` (mean cosine to the target), ``domain_share`` (share of t
 state's variance between domain means; the domains are used here only, never in training),
 ``probe`` (nearest-domain-centroid accuracy, centroids from the train split), ``common``
 (|mean h|^2 / mean |h|^2), and the mode distribution (mean, the largest probability any
-question gives one mode, mean entropy over log 3).
+question gives one mode, mean entropy over log 3); ``workers`` holds the same for the
+worker-choice states (pooled over the modes) and their worker distribution.
 """
 
 from __future__ import annotations
@@ -64,9 +77,13 @@ from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sentence_encoder import Embedder
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
+from jax_routeweaver.routing.episode import EnvFactory, Trajectory
 
-VERSION = 1  # bump when the objective changes: old caches are then not reused
+VERSION = 2  # bump when the objective changes: old caches are then not reused
 REPORT_FILE = "stand_in.json"
+# One record -> per mode: (context ids ending just before the first route's worker choice,
+# the offered workers' choice token ids there).
+WorkerContexts = Callable[[Record], Sequence[tuple[Sequence[int], Sequence[int]]]]
 LENGTH_MULTIPLE = 64  # prompts are padded to one length, a multiple of this
 
 
@@ -95,14 +112,81 @@ def decision_inputs(tokenizer: Any, questions: Sequence[str]
         raise ValueError(f"the mode declarations' first differing tokens {firsts} are not "
                          "distinct: the stand-in's mode term needs one choice position")
     rows = [prompts.selector_prompt_ids(tokenizer, q) + decls[0][:common] for q in questions]
+    tokens, mask, last = pad_rows(rows, tokenizer.pad_token_id or 0)
+    return tokens, mask, last, firsts
+
+
+def branch(sequences: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """(common prefix, the distinct tokens that follow it, in first-seen order) of token
+    sequences: where a constrained sampler over them makes its first decision."""
+    common = 0
+    while all(len(s) > common and s[common] == sequences[0][common] for s in sequences):
+        common += 1
+    nexts: list[int] = []
+    for s in sequences:
+        if len(s) > common and s[common] not in nexts:
+            nexts.append(s[common])
+    return list(sequences[0][:common]), nexts
+
+
+def env_worker_contexts(make_env: EnvFactory, tokenizer: Any, workers: int) -> WorkerContexts:
+    """`WorkerContexts` from the run's own episode factory: for each mode, the forced arm's
+    prompt (declaration, rulebook) and the first action's choices (`Grammar.choice`, i.e.
+    ``rollout.constrained`` with a fixed ``task_text``) up to where they branch. ValueError
+    when the first action is not a finite choice or does not branch into ``workers``
+    options (one per offered worker)."""
+
+    def contexts(record: Record) -> list[tuple[list[int], list[int]]]:
+        out = []
+        for mode in g.MODES:
+            prompt, env = make_env(record.replace(forced_mode=str(mode)), 0)
+            traj = Trajectory(record=record, repeat=0, prompt_ids=prompt)
+            ids = prompt + env.start(traj)
+            turn = env.next_turn(traj)
+            choices = turn.grammar.choices if turn is not None and turn.grammar else ()
+            if not choices:
+                raise ValueError("stand-in worker terms need finite first actions "
+                                 "(rollout.constrained with rollout.task_text); set "
+                                 "model.stand_in.worker_weight=0 otherwise")
+            prefix, tokens = branch([tokenizer.encode(c, add_special_tokens=False)
+                                     for c in choices])
+            if len(tokens) != workers:
+                raise ValueError(f"stand-in: the first {mode} action branches into "
+                                 f"{len(tokens)} tokens, expected one per worker ({workers})")
+            out.append((ids + prefix, tokens))
+        return out
+
+    return contexts
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right-padded ``tokens [N, L]``, ``mask [N, L]`` (L a multiple of `LENGTH_MULTIPLE`)
+    and each row's last position ``[N]``."""
     length = -(-max(len(r) for r in rows) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
-    pad = tokenizer.pad_token_id or 0
     tokens = np.full((len(rows), length), pad, np.int32)
     mask = np.zeros((len(rows), length), bool)
     for i, r in enumerate(rows):
         tokens[i, :len(r)], mask[i, :len(r)] = r, True
-    last = np.asarray([len(r) - 1 for r in rows], np.int32)
-    return tokens, mask, last, firsts
+    return tokens, mask, np.asarray([len(r) - 1 for r in rows], np.int32)
+
+
+def worker_inputs(records: Sequence[Record], contexts: WorkerContexts, pad: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``tokens [N, M, L]``, ``mask [N, M, L]``, ``last [N, M]`` of the worker-choice
+    contexts (M modes) and the choice tokens ``[M, W]``; ValueError unless every question
+    offers the same choice tokens per mode."""
+    per_record = [list(contexts(r)) for r in records]
+    modes = len(per_record[0])
+    choices = [tuple(c) for _, c in per_record[0]]
+    for r, ctx in zip(records, per_record, strict=True):
+        if [tuple(c) for _, c in ctx] != choices:
+            raise ValueError(f"stand-in: question {r.sample_id!r} offers other worker choice "
+                             f"tokens than the first question ({choices})")
+    tokens, mask, last = pad_rows([list(ids) for ctx in per_record for ids, _ in ctx], pad)
+    n = len(records)
+    return (tokens.reshape(n, modes, -1), mask.reshape(n, modes, -1), last.reshape(n, modes),
+            np.asarray(choices, np.int32))
 
 
 def targets(embeddings: np.ndarray, train: np.ndarray, *, dims: int, common: float,
@@ -138,15 +222,44 @@ def mode_logprobs(model: Qwen3, h: jax.Array, firsts: jax.Array) -> jax.Array:
     return jax.nn.log_softmax(h @ w, axis=-1)
 
 
-def objective(model: Qwen3, tokens: jax.Array, mask: jax.Array, last: jax.Array,
-              target: jax.Array, firsts: jax.Array, mode_weight: float
-              ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``L_align + mode_weight * L_mode`` over a batch (module doc) and its two parts."""
-    h = decision_states(model, tokens, mask, last)
+def choice_logprobs(model: Qwen3, h: jax.Array, choices: jax.Array) -> jax.Array:
+    """``log p(c | state) [..., C]``: the constrained choice among the tokens ``choices
+    [..., C]`` (broadcast against the leading dimensions of the states ``h [..., D]``)."""
+    w = jnp.moveaxis(model.head_weight()[:, choices], 0, -1).astype(jnp.float32)  # [..., C, D]
+    return jax.nn.log_softmax(jnp.sum(h[..., None, :] * w, axis=-1), axis=-1)
+
+
+def _cos_loss(h: jax.Array, target: jax.Array) -> jax.Array:
     cos = jnp.sum(h * target, -1) / (jnp.linalg.norm(h, axis=-1) + 1e-6)
-    align = jnp.mean(1.0 - cos)
-    mode = jnp.mean(-jnp.log(3.0) - jnp.mean(mode_logprobs(model, h, firsts), -1))
-    return align + mode_weight * mode, {"align": align, "mode": mode}
+    return jnp.mean(1.0 - cos)
+
+
+def _uniform_kl(logp: jax.Array) -> jax.Array:
+    """mean KL(uniform || p) over rows of ``logp [..., C]``."""
+    return jnp.mean(-jnp.log(logp.shape[-1]) - jnp.mean(logp, -1))
+
+
+def objective(model: Qwen3, batch: dict[str, jax.Array], firsts: jax.Array,
+              mode_weight: float, worker_weight: float
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``L_align + mode_weight * L_mode + worker_weight * L_workers`` over a batch (module
+    doc) and its parts. ``batch``: tokens, mask, last, target and, for the worker terms,
+    w_tokens ``[B, M, L]``, w_mask, w_last ``[B, M]`` and w_choices ``[B, M, W]`` (M worker
+    contexts per question)."""
+    h = decision_states(model, batch["tokens"], batch["mask"], batch["last"])
+    align = _cos_loss(h, batch["target"])
+    mode = _uniform_kl(mode_logprobs(model, h, firsts))
+    parts = {"align": align, "mode": mode}
+    total = align + mode_weight * mode
+    if "w_tokens" in batch:
+        b, m, length = batch["w_tokens"].shape
+        hw = decision_states(model, batch["w_tokens"].reshape(b * m, length),
+                             batch["w_mask"].reshape(b * m, length),
+                             batch["w_last"].reshape(b * m)).reshape(b, m, -1)
+        parts["worker_align"] = _cos_loss(hw, batch["target"][:, None, :])
+        parts["worker"] = _uniform_kl(choice_logprobs(model, hw, batch["w_choices"]))
+        total += worker_weight * (parts["worker_align"] + parts["worker"])
+    return total, parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,11 +274,35 @@ class Inputs:
     domains: np.ndarray  # [N] str, for the diagnostics only
     train: np.ndarray  # row indices trained on
     held: np.ndarray  # row indices kept for the diagnostics
+    # The worker-choice contexts (None without them): [N, M, Lw], [N, M, Lw], [N, M], [M, W]
+    w_tokens: np.ndarray | None = None
+    w_mask: np.ndarray | None = None
+    w_last: np.ndarray | None = None
+    worker_choices: np.ndarray | None = None
+
+    def batch(self, rows: np.ndarray, rng: np.random.Generator | None = None
+              ) -> dict[str, np.ndarray]:
+        """The objective's arrays for question rows ``rows``: with `rng`, one worker context
+        per question (a mode drawn uniformly; a third of the cost of all three), else all."""
+        out = {"tokens": self.tokens[rows], "mask": self.mask[rows], "last": self.last[rows],
+               "target": self.target[rows]}
+        if self.w_tokens is not None:
+            assert self.w_mask is not None and self.w_last is not None
+            assert self.worker_choices is not None
+            modes = self.w_tokens.shape[1]
+            pick = rng.integers(0, modes, (len(rows), 1)) if rng is not None \
+                else np.broadcast_to(np.arange(modes), (len(rows), modes))
+            r = np.asarray(rows)[:, None]
+            out.update(w_tokens=self.w_tokens[r, pick], w_mask=self.w_mask[r, pick],
+                       w_last=self.w_last[r, pick], w_choices=self.worker_choices[pick])
+        return out
 
 
 def build_inputs(tokenizer: Any, records: Sequence[Record], embeddings: np.ndarray, *,
-                 hidden: int, settings: Any, seed: int) -> Inputs:
-    """Tokenised decision prompts, targets and the train / held-out split (seeded)."""
+                 hidden: int, settings: Any, seed: int,
+                 worker_contexts: WorkerContexts | None = None) -> Inputs:
+    """Tokenised decision prompts (and worker-choice contexts), targets and the train /
+    held-out split (seeded)."""
     tokens, mask, last, firsts = decision_inputs(tokenizer, [r.question for r in records])
     order = np.random.default_rng(seed).permutation(len(records))
     n_held = round(settings.holdout * len(records))
@@ -173,7 +310,9 @@ def build_inputs(tokenizer: Any, records: Sequence[Record], embeddings: np.ndarr
     target = targets(embeddings, train, dims=settings.dims, common=settings.common,
                      hidden=hidden, seed=seed)
     domains = np.asarray([str(getattr(r.domain, "value", r.domain)) for r in records])
-    return Inputs(tokens, mask, last, tuple(firsts), target, domains, train, held)
+    workers = worker_inputs(records, worker_contexts, tokenizer.pad_token_id or 0) \
+        if worker_contexts is not None else (None, None, None, None)
+    return Inputs(tokens, mask, last, tuple(firsts), target, domains, train, held, *workers)
 
 
 def distil(model: Qwen3, inputs: Inputs, settings: Any, *, seed: int
@@ -187,11 +326,11 @@ def distil(model: Qwen3, inputs: Inputs, settings: Any, *, seed: int
     firsts = jnp.asarray(inputs.firsts, jnp.int32)
 
     @jax.jit
-    def step(params: Any, opt_state: Any, tokens: jax.Array, mask: jax.Array, last: jax.Array,
-             target: jax.Array) -> tuple[Any, Any, dict[str, jax.Array]]:
+    def step(params: Any, opt_state: Any, batch: dict[str, jax.Array]
+             ) -> tuple[Any, Any, dict[str, jax.Array]]:
         def loss(p: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            return objective(nnx.merge(graphdef, p), tokens, mask, last, target, firsts,
-                             settings.mode_weight)
+            return objective(nnx.merge(graphdef, p), batch, firsts, settings.mode_weight,
+                             settings.worker_weight)
         (value, parts), grads = jax.value_and_grad(loss, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": value, **parts}
@@ -203,37 +342,37 @@ def distil(model: Qwen3, inputs: Inputs, settings: Any, *, seed: int
         if len(order) < batch:  # epochs of the training questions in a seeded order
             order = np.concatenate([order, rng.permutation(inputs.train)])
         rows, order = order[:batch], order[batch:]
-        params, opt_state, out = step(params, opt_state, inputs.tokens[rows],
-                                      inputs.mask[rows], inputs.last[rows], inputs.target[rows])
+        params, opt_state, out = step(params, opt_state, inputs.batch(rows, rng))
         history.append({k: float(v) for k, v in out.items()})
     return nnx.merge(graphdef, params), history
 
 
-def diagnostics(model: Qwen3, inputs: Inputs, *, chunk: int = 64) -> dict[str, Any]:
-    """The module doc's diagnostics on the held-out questions (all questions if none held)."""
-    rows = inputs.held if len(inputs.held) else inputs.train
-    firsts = jnp.asarray(inputs.firsts, jnp.int32)
+def _run_states(model: Qwen3, tokens: np.ndarray, mask: np.ndarray, last: np.ndarray,
+                choices: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """States ``[N, D]`` at ``last`` and the log-probabilities ``[N, C]`` of the choice
+    tokens ``choices [N, C]`` there, in fixed-size chunks (one compiled shape)."""
 
     @jax.jit
-    def states(tokens: jax.Array, mask: jax.Array, last: jax.Array
+    def states(t: jax.Array, m: jax.Array, at: jax.Array, c: jax.Array
                ) -> tuple[jax.Array, jax.Array]:
-        h = decision_states(model, tokens, mask, last)
-        return h, mode_logprobs(model, h, firsts)
+        h = decision_states(model, t, m, at)
+        return h, choice_logprobs(model, h, c)
 
-    def run(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        hs, lps = [], []
-        for s in range(0, len(idx), chunk):
-            part = idx[s:s + chunk]
-            pad = np.concatenate([part, np.repeat(part[-1:], chunk - len(part))])
-            h, lp = states(inputs.tokens[pad], inputs.mask[pad], inputs.last[pad])
-            hs.append(np.asarray(h)[:len(part)])
-            lps.append(np.asarray(lp)[:len(part)])
-        return np.concatenate(hs), np.concatenate(lps)
+    hs, lps = [], []
+    for s in range(0, len(tokens), chunk):
+        part = np.arange(s, min(s + chunk, len(tokens)))
+        pad = np.concatenate([part, np.repeat(part[-1:], chunk - len(part))])
+        h, lp = states(tokens[pad], mask[pad], last[pad], choices[pad])
+        hs.append(np.asarray(h)[:len(part)])
+        lps.append(np.asarray(lp)[:len(part)])
+    return np.concatenate(hs), np.concatenate(lps)
 
-    h, logp = run(rows)
-    h_train, _ = run(inputs.train)
+
+def state_stats(h: np.ndarray, dom: np.ndarray, target: np.ndarray, h_train: np.ndarray,
+                dom_train: np.ndarray, logp: np.ndarray) -> dict[str, Any]:
+    """align, domain_share, probe, common (module doc) of held-out states ``h [N, D]`` and the
+    choice distribution ``exp(logp) [N, C]`` (mean, max, entropy over log C)."""
     unit = h / np.linalg.norm(h, axis=1, keepdims=True)
-    dom, dom_train = inputs.domains[rows], inputs.domains[inputs.train]
     names = sorted(set(dom_train))
     centroids = np.stack([h_train[dom_train == d].mean(0) for d in names])
     nearest = np.asarray(names)[np.argmin(
@@ -243,38 +382,86 @@ def diagnostics(model: Qwen3, inputs: Inputs, *, chunk: int = 64) -> dict[str, A
                   for d in set(dom))
     p = np.exp(logp)
     return {
-        "questions": len(rows),
-        "align": float(np.mean(np.sum(unit * inputs.target[rows], 1))),
+        "questions": len(h),
+        "align": float(np.mean(np.sum(unit * target, 1))),
         "domain_share": float(between / total) if total > 0 else 0.0,
         "probe": float(np.mean(nearest == dom)),
         "common": float(np.sum(h.mean(0) ** 2) / np.mean(np.sum(h ** 2, 1))),
-        "mode_p_mean": [float(v) for v in p.mean(0)],
-        "mode_p_max": float(p.max()),
-        "mode_entropy": float(np.mean(-(p * logp).sum(1)) / np.log(3.0)),
+        "p_mean": [float(v) for v in p.mean(0)],
+        "p_max": float(p.max()),
+        "entropy": float(np.mean(-(p * logp).sum(1)) / np.log(p.shape[1])),
     }
 
 
+def diagnostics(model: Qwen3, inputs: Inputs, *, chunk: int = 64) -> dict[str, Any]:
+    """The module doc's diagnostics on the held-out questions (all questions if none held):
+    the mode decision's (``mode_p_*`` / ``mode_entropy`` for its choice), and under
+    ``workers`` the worker choices' pooled over the modes (when the inputs have them)."""
+    rows = inputs.held if len(inputs.held) else inputs.train
+    firsts = np.broadcast_to(np.asarray(inputs.firsts, np.int32), (len(inputs.tokens), 3))
+
+    def run(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _run_states(model, inputs.tokens[idx], inputs.mask[idx], inputs.last[idx],
+                           firsts[idx], chunk)
+
+    h, logp = run(rows)
+    h_train, _ = run(inputs.train)
+    stats = state_stats(h, inputs.domains[rows], inputs.target[rows], h_train,
+                        inputs.domains[inputs.train], logp)
+    out = {k: v for k, v in stats.items() if k not in ("p_mean", "p_max", "entropy")}
+    out.update(mode_p_mean=stats["p_mean"], mode_p_max=stats["p_max"],
+               mode_entropy=stats["entropy"])
+    if inputs.w_tokens is not None:
+        assert inputs.w_mask is not None and inputs.w_last is not None
+        assert inputs.worker_choices is not None
+        modes = inputs.w_tokens.shape[1]
+
+        def run_workers(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            flat = (len(idx) * modes, -1)
+            choices = np.broadcast_to(inputs.worker_choices[None],
+                                      (len(idx), *inputs.worker_choices.shape))
+            return _run_states(model, inputs.w_tokens[idx].reshape(flat),
+                               inputs.w_mask[idx].reshape(flat),
+                               inputs.w_last[idx].reshape(-1), choices.reshape(flat), chunk)
+
+        hw, logpw = run_workers(rows)
+        hw_train, _ = run_workers(inputs.train)
+        out["workers"] = state_stats(
+            hw, np.repeat(inputs.domains[rows], modes),
+            np.repeat(inputs.target[rows], modes, axis=0), hw_train,
+            np.repeat(inputs.domains[inputs.train], modes), logpw)
+    return out
+
+
 def cache_key(config: ModelConfig, tokenizer: Any, records: Sequence[Record],
-              settings: Any, seed: int) -> str:
-    """A hex key of everything the stand-in depends on (see the module doc)."""
+              settings: Any, seed: int, worker_contexts: WorkerContexts | None = None) -> str:
+    """A hex key of everything the stand-in depends on (see the module doc); the worker
+    contexts enter through the first question's (the rulebook, catalog and grammar are the
+    same for every question, whose texts are keyed already)."""
     cfg = dataclasses.asdict(config)
     fields = {k: v for k, v in dataclasses.asdict(settings).items() if k != "cache_dir"}
+    contexts = None if worker_contexts is None or not records else \
+        [[list(ids), list(choices)] for ids, choices in worker_contexts(records[0])]
     parts = [json.dumps(cfg, sort_keys=True, default=str),
              json.dumps(sorted(tokenizer.get_vocab().items())),
              json.dumps([r.question for r in records]),
-             json.dumps(fields, sort_keys=True), str(seed), str(VERSION)]
+             json.dumps(fields, sort_keys=True), str(seed), str(VERSION),
+             json.dumps(contexts)]
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
 
 
 def ensure_stand_in(config: ModelConfig, build: Callable[[], Qwen3], tokenizer: Any,
                     records: Sequence[Record], settings: Any, *, seed: int,
+                    worker_contexts: WorkerContexts | None = None,
                     log: Callable[[str], None] | None = None) -> Path:
     """The cached stand-in's HF directory for the random-init router of architecture
     ``config`` (``build()`` makes that router, called only when the cache misses; the
-    stand-in is distilled from it and saved atomically). ``log(str)`` gets progress."""
+    stand-in is distilled from it and saved atomically). ``worker_contexts``: the first
+    worker choice's contexts per mode (None: the mode decision only). ``log(str)`` gets
+    progress."""
     say = log or (lambda _msg: None)
     root = cache_root(settings.cache_dir)
-    path = root / cache_key(config, tokenizer, records, settings, seed)
+    path = root / cache_key(config, tokenizer, records, settings, seed, worker_contexts)
     if (path / REPORT_FILE).is_file():
         say(f"stand-in: reusing {path}")
         return path
@@ -284,7 +471,7 @@ def ensure_stand_in(config: ModelConfig, build: Callable[[], Qwen3], tokenizer: 
         f"({settings.steps} steps; cached in {path})")
     embeddings = Embedder(cache_dir=root / "embeddings").embed([r.question for r in records])
     inputs = build_inputs(tokenizer, records, embeddings, hidden=model.config.hidden_size,
-                          settings=settings, seed=seed)
+                          settings=settings, seed=seed, worker_contexts=worker_contexts)
     before = diagnostics(model, inputs)
     trained, history = distil(model, inputs, settings, seed=seed)
     after = diagnostics(trained, inputs)
@@ -306,6 +493,11 @@ def ensure_stand_in(config: ModelConfig, build: Callable[[], Qwen3], tokenizer: 
     say(f"stand-in: built in {report['seconds']} s; held-out decision states: domain share "
         f"{before['domain_share']:.3f} -> {after['domain_share']:.3f}, probe "
         f"{before['probe']:.2f} -> {after['probe']:.2f}, mode p max {after['mode_p_max']:.2f}")
+    if "workers" in after:
+        w0, w1 = before["workers"], after["workers"]
+        say(f"stand-in: worker-choice states: common {w0['common']:.3f} -> "
+            f"{w1['common']:.3f}, align {w0['align']:.2f} -> {w1['align']:.2f}, worker p max "
+            f"{w1['p_max']:.2f}")
     return path
 
 

@@ -31,9 +31,10 @@ class StandInSection:
     """``model.init: stand-in``: a random-init router (``model.random``) distilled before RL
     into a stand-in for a pretrained one (`rl.stand_in`): its decision state follows a
     sentence encoder's embedding of the question while its three mode declarations stay
-    near uniform. Built once per (architecture, tokenizer, questions, these fields) and
-    cached on disk. Not part of the paper's method: the paper starts from a pretrained
-    Qwen3, which this machine cannot download."""
+    near uniform, and likewise at each mode's first worker choice. Built once per
+    (architecture, tokenizer, questions, these fields) and cached on disk. Not part of the
+    paper's method: the paper starts from a pretrained Qwen3, which this machine cannot
+    download."""
 
     steps: int = bounded(300, "[1, inf)")  # AdamW steps
     batch_size: int = bounded(32, "[1, inf)")  # questions per step
@@ -42,6 +43,9 @@ class StandInSection:
     # weight of the question-independent direction in the target state (0: states centred)
     common: float = bounded(0.5, "[0, inf)")
     mode_weight: float = bounded(1.0, "[0, inf)")  # weight of the uniform-mode term
+    # weight of the first worker choice's terms (its state follows the question, its worker
+    # distribution stays uniform); 0: the mode decision only
+    worker_weight: float = bounded(1.0, "[0, inf)")
     holdout: float = bounded(0.2, "[0, 1)")  # share of questions kept for the diagnostics
     # "" = $ROUTEWEAVER_CACHE/stand_in, else ~/.cache/jax_routeweaver/stand_in
     cache_dir: str = ""
@@ -373,6 +377,11 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
     if cfg.model.init == "stand-in" and cfg.rollout.dialect == "router_r1":
         fail("model.init", "stand-in distils the mode decision, which rollout.dialect: "
              "router_r1 does not have")
+    if cfg.model.init == "stand-in" and cfg.model.stand_in.worker_weight > 0 \
+            and not (cfg.rollout.constrained and cfg.rollout.task_text):
+        fail("model.stand_in.worker_weight", f"{cfg.model.stand_in.worker_weight} needs "
+             "finite first actions (rollout.constrained: true and a rollout.task_text); "
+             "set it to 0 otherwise")
     if cfg.model.init == "hf" and not cfg.model.path.strip():
         fail("model.path", "model.init: hf needs the Hugging Face checkpoint directory")
     if cfg.model.init != "hf" and cfg.model.path:

@@ -55,15 +55,26 @@ worker, USD per 1M tokens in/out):
 | worker_6 | 0.10/0.40 | .95/.78/.48 | .96/.80/.48 | .72/.52/.35 | .90/.70/.45 | .55/.35/.20 | 1.0 |
 
 Domain dynamics (`DEFAULT_DYNAMICS`): shared / persistent latent share, plan gain
-easy/medium/hard, verifiability:
+easy/medium/hard, verifiability, distraction:
 
-| domain | shared | persistent | plan gain | verifiability |
-|---|---|---|---|---|
-| MATH | .15 | .15 | .10/.40/.60 | .95 |
-| CODE | .15 | .15 | .10/.40/.60 | .95 |
-| KNOWLEDGE | .25 | .40 | .00/.00/.05 | .25 |
-| REASON | .15 | .15 | .10/.35/.55 | .85 |
-| RECALL | .75 | .25 | .00/.00/.00 | .20 |
+| domain | shared | persistent | plan gain | verifiability | distraction |
+|---|---|---|---|---|---|
+| MATH | .15 | .15 | .10/.40/.60 | .95 | 0 |
+| CODE | .15 | .15 | .10/.40/.60 | .95 | 0 |
+| KNOWLEDGE | .25 | .40 | .00/.00/.05 | .25 | .35 |
+| REASON | .15 | .15 | .30/.55/.70 | .95 | 0 |
+| RECALL | .75 | .25 | .00/.00/.00 | .20 | .45 |
+
+Distraction is what another worker's output costs where answers are facts a worker knows or
+does not: a worker whose prompt carries a plan, candidate answers or a rejection answers
+right with probability p (1 - distraction) instead of p (the plan or the other candidates
+talk it out of what it knew), and a summarizer choosing among disagreeing candidates is
+swayed to another one with that probability too. It is why, as in the paper's Figure 4
+(RECALL 96 % and KNOWLEDGE 72 % single), orchestration does not pay on RECALL and KNOWLEDGE,
+while REASON's large plan gain and checkable steps make plan -> execute -> verify pay there
+(Figure 4: REASON 99 % agentic). Both were set in issue 31 after measuring the pool's
+favourites (`routeweaver eval favourites`; bench/RESULTS.md); before, the three modes
+nearly tied on every domain but CODE.
 
 Workers are specialists: at medium difficulty a domain's best and worst worker differ by
 0.4-0.6 (as an 8B model and a frontier model do on Omni-MATH or LiveCodeBench), so which
@@ -76,8 +87,11 @@ step-to-step noise; bench/RESULTS.md.)
 So, as in the paper, no mode wins everywhere: cheap workers are the best single choice for
 RECALL/KNOWLEDGE and voting cannot fix shared ignorance; three independent answers and a
 majority beat one call on noisy KNOWLEDGE/REASON items; plan -> execute -> verify ->
-summarize wins on hard MATH/CODE where plans and checking pay off; a single call is the best
-accuracy per dollar on easy items. `tests/test_simulated.py` measures these strategies.
+summarize wins on MATH/CODE/REASON where plans and checking pay off and loses badly on
+RECALL/KNOWLEDGE (distraction); a single call is the best accuracy per dollar on easy items.
+`tests/test_simulated.py` measures these strategies (with each domain's best workers:
+accuracy single / multi / agentic about .79/.75/.91 MATH, .72/.71/.91 CODE, .75/.80/.52
+KNOWLEDGE, .68/.75/.91 REASON, .79/.76/.45 RECALL).
 
 Usage: prompt_tokens = ceil(len(prompt) / 4) and completion_tokens = ceil(len(reply) / 4)
 (about 4 characters per token for English text with a BPE vocabulary); cost then follows
@@ -205,6 +219,9 @@ class DomainDynamics:
     persistent: float
     plan_gain: tuple[float, float, float]
     verifiability: float
+    # Probability that another worker's output in the prompt (a plan, candidate answers, a
+    # rejection) talks a worker out of an answer it knew; in [0, 1]. 0: context never hurts.
+    distraction: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.shared, self.persistent) < 0 or self.shared + self.persistent > 1:
@@ -213,6 +230,9 @@ class DomainDynamics:
             raise ValueError("DomainDynamics.plan_gain must be three numbers in [0, 1]")
         if not 0 <= self.verifiability <= 1:
             raise ValueError("DomainDynamics.verifiability must be in [0, 1]")
+        if not 0 <= self.distraction <= 1:
+            raise ValueError(f"DomainDynamics.distraction must be in [0, 1], got "
+                             f"{self.distraction}")
 
 
 def _skills(math_: tuple, code: tuple, knowledge: tuple, reason: tuple, recall: tuple
@@ -257,9 +277,9 @@ DEFAULT_PROFILES: Mapping[str, WorkerProfile] = {
 DEFAULT_DYNAMICS: Mapping[Domain, DomainDynamics] = {
     Domain.MATH: DomainDynamics(.15, .15, (.10, .40, .60), .95),
     Domain.CODE: DomainDynamics(.15, .15, (.10, .40, .60), .95),
-    Domain.KNOWLEDGE: DomainDynamics(.25, .40, (.0, .0, .05), .25),
-    Domain.REASON: DomainDynamics(.15, .15, (.10, .35, .55), .85),
-    Domain.RECALL: DomainDynamics(.75, .25, (.0, .0, .0), .20),
+    Domain.KNOWLEDGE: DomainDynamics(.25, .40, (.0, .0, .05), .25, distraction=.35),
+    Domain.REASON: DomainDynamics(.15, .15, (.30, .55, .70), .95),
+    Domain.RECALL: DomainDynamics(.75, .25, (.0, .0, .0), .20, distraction=.45),
 }
 
 
@@ -972,6 +992,8 @@ class SimulatedWorkerPool:
             gains.append(REVISE_GAIN * self.dynamics[domain].verifiability)
         for gain in gains:
             p += gain * (1.0 - p)
+        if avoid or self._has_context(task, prompt):
+            p *= 1.0 - self.dynamics[domain].distraction
         correct, source = self._draw(worker, task, digest, p, purpose)
         if correct:
             if task.is_code:
@@ -983,6 +1005,15 @@ class SimulatedWorkerPool:
             list(task.distractors)
         pick = int(_unit(self.seed, "wrong", *source) * len(options))
         return False, options[pick]
+
+    def _has_context(self, task: _Task, prompt: str) -> bool:
+        """Whether the prompt carries another worker's output on this task (a plan or a
+        referenced block)."""
+        if self._plan_tag(task, good=True) in prompt or self._plan_tag(task, good=False) \
+                in prompt:
+            return True
+        _, end = self._question_span(prompt, task)
+        return bool(_split_blocks(prompt[end:]))
 
     def _plan_tag(self, task: _Task, *, good: bool) -> str:
         return "P-" + _hex(self.seed, "plan", task.record.sample_id, "good" if good else "weak")
@@ -1130,7 +1161,9 @@ class SimulatedWorkerPool:
             why = ("it is the majority among the unrejected candidates" if top > 1
                    else "it was not rejected by the checks")
             others = [c for c in alive if c.key != chosen.key]
-            if others and _unit(self.seed, "slip", worker, digest) < 0.1 * (1.0 - skill):
+            slip = 0.1 * (1.0 - skill)
+            slip += (1.0 - slip) * self.dynamics[task.record.domain].distraction
+            if others and _unit(self.seed, "slip", worker, digest) < slip:
                 chosen, why = others[0], "its derivation looks more careful"
         if chosen is not None:
             where = f"[{chosen.node}]" if chosen.node else "the given candidate"
