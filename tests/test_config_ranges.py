@@ -305,3 +305,14 @@ def test_a_yaml_error_is_one_line_naming_the_file_and_line(tmp_path, text, where
     message = str(info.value)
     assert message.startswith(f"{path}: invalid YAML: {where}: "), message
     assert "\n" not in message
+
+
+def test_offered_workers_reach_the_episodes_and_must_be_distinct():
+    from jax_routeweaver.rl.loop import env_config
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    cfg = load_train_config(QUICKSTART, ["workers.offered=[worker_1, worker_4]"])
+    assert env_config(cfg, 0).offered == ("worker_1", "worker_4")
+    assert env_config(load_train_config(QUICKSTART), 0).offered == ()  # the whole pool
+    with pytest.raises(ConfigError, match=r"workers\.offered"):
+        load_train_config(QUICKSTART, ["workers.offered=[worker_1, worker_1]"])

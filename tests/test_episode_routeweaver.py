@@ -309,3 +309,23 @@ def test_compact_rulebook_and_fixed_task_make_each_route_one_decision(tok, tasks
         rest = iter(free)
         assert all(c.worker[-1] in rest for c in t.calls), (free, t.calls)
         assert len(free) <= 2 * len(t.calls) + 1, free
+
+
+@pytest.mark.parametrize("turn, code", [
+    ('<route model="worker_3">Solve the question.</route>', "worker_not_offered"),
+    ('<route model="worker_9">Solve the question.</route>', "unknown_model"),
+])
+def test_a_run_offering_part_of_the_pool(tok, tasks, turn, code):
+    """§2.3 steps 5-6: with `offered` a subset, a registered worker outside it is
+    `worker_not_offered` and an id the pool does not know `unknown_model`; the catalog the
+    router reads lists only the offered workers."""
+    config = EnvConfig(offered=("worker_1", "worker_2"))
+    trajs, sampler = run(tok, tasks[:1], ["<mode>single</mode>", turn], config=config)
+    (t,) = trajs
+    assert (t.violation, t.finish, t.calls) == (code, "violation", [])
+    rulebook = tok.decode(t.response_ids)
+    assert "worker_1:" in rulebook and "worker_2:" in rulebook
+    assert "worker_3:" not in rulebook and "worker_6:" not in rulebook
+    with pytest.raises(ValueError, match=r"workers.offered: \['worker_7'\] not in the worker"):
+        routeweaver_envs(tok, SimulatedWorkerPool(tasks, seed=3),
+                         EnvConfig(offered=("worker_1", "worker_7")))

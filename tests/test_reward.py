@@ -220,6 +220,25 @@ def test_recovery_branch(t, r_task):
     assert r.r_eff == (-1.0 if r_task == -1.0 else 0.5 if r_task == 1.0 else 0.0)
 
 
+@pytest.mark.parametrize("recovery", [False, True])
+def test_the_run_rewards_with_its_protocols_recovery_branch(recovery):
+    """Training, `eval run` and `eval favourites` take their RewardConfig from
+    `rl.loop.reward_config`: a recovery-mode run scores a violation that recovered and
+    answered wrongly 0, not the no-recovery -1."""
+    from pathlib import Path
+
+    from jax_routeweaver.rl.loop import reward_config
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    cfg = load_train_config(quickstart, [f"rollout.protocol.recovery={str(recovery).lower()}",
+                                         "reward.c_ref=0.001"])
+    config = reward_config(cfg)
+    assert (config.recovery, config.c_ref, config.alpha) == (recovery, 0.001, 0.0)
+    t = traj(answer="London", violation="answer_premature")
+    assert reward(t, judge(t, scorer=FakeScorer()), config).r_task == (0.0 if recovery else -1.0)
+
+
 # -------------------------------------------------------------------- code candidates
 FENCE2 = "```python\nprint(2)\n```"
 FENCE3 = "```python\nprint(3)\n```"

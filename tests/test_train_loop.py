@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from jax_routeweaver.cli import main
+from jax_routeweaver.rl.provenance import config_sha256
 from jax_routeweaver.rl.run_log import read_metrics
+from jax_routeweaver.rl.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -132,6 +134,11 @@ def test_sigkill_mid_run_then_resume_repeats_the_uninterrupted_run(tmp_path, com
                   if p.name.isdigit()) == ["3", "4"]
     saved = yaml.safe_load((whole / "config.yaml").read_text())
     assert saved["steps"] == 4 and saved["data"]["group_size"] == 2
+    record = json.loads((whole / "run.json").read_text())  # traceable: code, config, data
+    assert record["last_step"] == 4 and record["files"] == []  # synthetic, simulated
+    assert record["config_sha256"] == config_sha256(load_train_config(QUICKSTART, [
+        f"out_dir={whole}", *SMALL]))
+    assert record["project"]["name"] == "jax_routeweaver" and "commit" in record["project"]
     last = expected[-1]
     assert last["policy/version"] == 4.0
     assert last["curriculum/rho"] == 0.0 and last["curriculum/forced_share"] == 0.0

@@ -59,7 +59,7 @@ from jax_routeweaver.eval import report
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.models.tokenizer import load_tokenizer
-from jax_routeweaver.rewards.reward import RewardConfig, score_batch
+from jax_routeweaver.rewards.reward import score_batch
 from jax_routeweaver.rl import router_r1_run as r1run
 from jax_routeweaver.rl.checkpoint import TOKENIZER_DIR, has_tokenizer, list_steps, restore_policy
 from jax_routeweaver.rl.loop import (
@@ -67,8 +67,8 @@ from jax_routeweaver.rl.loop import (
     build_pool,
     build_sampler,
     build_tokenizer,
-    c_ref,
     env_config,
+    reward_config,
     stop_ids,
 )
 from jax_routeweaver.rl.sidecar import Sidecar
@@ -378,8 +378,7 @@ class _Runner:
                 lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
         else:
             self.make_env = routeweaver_envs(tokenizer, pool, env_config(self.cfg, eos))
-        self.reward_cfg = RewardConfig(alpha=cfg.reward.alpha, c_ref=c_ref(cfg),
-                                       code_scorer=cfg.reward.code_scorer)
+        self.reward_cfg = reward_config(cfg)
         if cfg.rollout.sampler == "vllm":
             # The sidecar boots on an HF export of this very model (policy version 0).
             self.sidecar = Sidecar(self.cfg, model, tokenizer, out)

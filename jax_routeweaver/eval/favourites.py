@@ -59,15 +59,15 @@ from jax_routeweaver.config import redact_secrets, to_dict
 from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 from jax_routeweaver.eval.evaluate import load_router, load_router_tokenizer, resolve_checkpoint
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rewards.reward import RewardConfig, Rewards, score_batch
+from jax_routeweaver.rewards.reward import Rewards, score_batch
 from jax_routeweaver.rl.loop import (
     build_policy,
     build_pool,
     build_records,
     build_sampler,
     build_tokenizer,
-    c_ref,
     env_config,
+    reward_config,
 )
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.episode import Trajectory, run_episodes_async
@@ -479,7 +479,7 @@ def measure_favourites(cfg: TrainConfig, *, checkpoint: str | None = None,
     eos = model.config.eos_token_id if model.config.eos_token_id is not None \
         else tokenizer.eos_token_id
     alpha = float(cfg.reward.alpha)
-    reward_cfg = RewardConfig(alpha=alpha, c_ref=c_ref(cfg), code_scorer=cfg.reward.code_scorer)
+    reward_cfg = reward_config(cfg)
     make_env = routeweaver_envs(tokenizer, pool, env_config(cfg, eos))
 
     work = [q.replace(forced_mode=mode) for mode in MODES for q in questions]

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 
-from jax_routeweaver.config import dump_config, to_dict
+from jax_routeweaver.config import dump_config, redact_secrets, to_dict
 from jax_routeweaver.data.pipeline import PipelineConfig, QueryBatch, QueryPipeline
 from jax_routeweaver.data.records import ReadStats, Record, read_records
 from jax_routeweaver.models.config import ModelConfig
@@ -53,6 +53,7 @@ from jax_routeweaver.rl.checkpoint import (
     restore_policy,
 )
 from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
+from jax_routeweaver.rl.provenance import provenance
 from jax_routeweaver.rl.replica import HostReplicas
 from jax_routeweaver.rl.run_log import Progress, RunLogger, plot_run, read_metrics, summary_table
 from jax_routeweaver.rl.sidecar import Sidecar
@@ -182,7 +183,8 @@ def stand_in_path(cfg: TrainConfig, mesh: Any, tokenizer: Any, records: Sequence
         pool = build_pool(cfg, list(records))
         config = random_config(cfg, tokenizer)
         make_env = routeweaver_envs(tokenizer, pool, env_config(cfg, config.eos_token_id))
-        contexts = stand_in.env_worker_contexts(make_env, tokenizer, len(pool.worker_ids()))
+        offered = len(cfg.workers.offered) or len(pool.worker_ids())
+        contexts = stand_in.env_worker_contexts(make_env, tokenizer, offered)
     return stand_in.ensure_stand_in(random_config(cfg, tokenizer),
                                     lambda: random_policy(cfg, mesh, tokenizer), tokenizer,
                                     records, cfg.model.stand_in, seed=cfg.seed,
@@ -240,6 +242,15 @@ def c_ref(cfg: TrainConfig) -> float:
         return load_cost_ref(text)
 
 
+def reward_config(cfg: TrainConfig) -> RewardConfig:
+    """The run's `RewardConfig` (training, evaluation and `eval favourites` alike): alpha,
+    C_ref (`c_ref`), the code scorer, and the recovery branch of the task reward when the
+    protocol runs with recovery (``rollout.protocol.recovery``)."""
+    return RewardConfig(alpha=cfg.reward.alpha, c_ref=c_ref(cfg),
+                        recovery=cfg.rollout.protocol.recovery,
+                        code_scorer=cfg.reward.code_scorer)
+
+
 def stop_ids(eos: int | tuple[int, ...]) -> tuple[int, ...]:
     """The model's EOS as stop token ids (HF configs may list several, e.g. Llama 3)."""
     return tuple(eos) if isinstance(eos, tuple | list) else (eos,)
@@ -251,7 +262,8 @@ def env_config(cfg: TrainConfig, eos_id: int | tuple[int, ...]) -> EnvConfig:
                               max_new_tokens=r.max_new_tokens, stop_token_ids=stop_ids(eos_id))
     return EnvConfig(protocol=r.protocol, sampling=sampling, constrained=r.constrained,
                      answer_choices=r.answer_choices, task_text=r.task_text,
-                     rulebook=r.rulebook, execution_feedback=r.execution_feedback)
+                     rulebook=r.rulebook, execution_feedback=r.execution_feedback,
+                     offered=tuple(cfg.workers.offered))
 
 
 def mode_declarations(tokenizer: Any) -> list[list[int]]:
@@ -342,8 +354,7 @@ class _Run:
         else:
             self.make_env = routeweaver_envs(self.tokenizer, self.pool,
                                              env_config(cfg, self.eos_id))
-        self.reward_cfg = RewardConfig(alpha=cfg.reward.alpha, c_ref=c_ref(cfg),
-                                       code_scorer=cfg.reward.code_scorer)
+        self.reward_cfg = reward_config(cfg)
         self.declarations = mode_declarations(self.tokenizer)
         ckpt = self.out / "checkpoints"
         self.policy_ckpt = PolicyCheckpointer(ckpt / "policy", keep=cfg.checkpoint.keep_policy)
@@ -610,6 +621,8 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     try:
         resumed = run.resume()
         run.write_record()
+        # What the run is made of, read when it starts (code, config, input files).
+        trace = provenance(cfg) if main else {}
         if resumed and main:
             console.print(f"resuming {out} after step {run.step}")
         with RunLogger(out, jsonl=cfg.logging.jsonl and main,
@@ -631,8 +644,9 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
         w = cfg.logging.summary_window
         console.print(summary_table(records, first=w, last=w))
     if main:
-        (out / "run.json").write_text(json.dumps({"last_step": run.step,
-                                                  "config": to_dict(cfg)}, indent=1))
+        (out / "run.json").write_text(json.dumps(
+            {"last_step": run.step, **trace, "config": redact_secrets(to_dict(cfg))},
+            indent=1))
     return TrainResult(out, run.step, records)
 
 

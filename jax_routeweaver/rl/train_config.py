@@ -243,6 +243,9 @@ class WorkersSection:
     latency_s: float = bounded(0.0, "[0, inf)")  # seconds per simulated call
     failure_rate: float = bounded(0.0, "[0, 1]")  # share of simulated calls that fail
     concurrency: int = bounded(40, "[1, inf)")  # concurrent worker calls (channel pools)
+    # worker ids offered to the router (catalog and grammar); empty: every pool worker. The
+    # others stay registered: routing to one is the violation worker_not_offered
+    offered: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,6 +385,9 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
         fail("model.stand_in.worker_weight", f"{cfg.model.stand_in.worker_weight} needs "
              "finite first actions (rollout.constrained: true and a rollout.task_text); "
              "set it to 0 otherwise")
+    offered = list(cfg.workers.offered)
+    if len(set(offered)) != len(offered) or not all(isinstance(w, str) and w for w in offered):
+        fail("workers.offered", f"{offered} must be distinct worker ids")
     if cfg.model.init == "hf" and not cfg.model.path.strip():
         fail("model.path", "model.init: hf needs the Hugging Face checkpoint directory")
     if cfg.model.init != "hf" and cfg.model.path:

@@ -53,7 +53,10 @@ class EnvConfig:
     text, for workers that ignore the wording (the simulated pool answers the original
     question each payload carries), where free text is only noise in the gradient.
     `rulebook`: "reference" (`prompts.mode_rulebook`) or "compact" (`prompts.compact_rulebook`,
-    for tiny routers that cannot read the reference one)."""
+    for tiny routers that cannot read the reference one). `offered`: the worker ids this run
+    offers (catalog, grammar); empty: every worker of the pool. The pool's other workers stay
+    registered: a single/multi route to one of them is `worker_not_offered`, to an id the
+    pool does not know `unknown_model` (§2.3 steps 5-6)."""
 
     protocol: g.ProtocolConfig = dataclasses.field(default_factory=g.ProtocolConfig)
     sampling: SamplingParams = TRAIN_SAMPLING
@@ -63,6 +66,7 @@ class EnvConfig:
     rulebook: Literal["reference", "compact"] = "reference"
     execution_feedback: bool = True
     sandbox: Sandbox | None = None
+    offered: tuple[str, ...] = ()
 
 
 class RouteWeaverEnv:
@@ -70,10 +74,13 @@ class RouteWeaverEnv:
 
     def __init__(self, tokenizer: Any, workers: Sequence[tuple[str, str]], record: Record,
                  config: EnvConfig, forced_mode: str | None = None,
-                 rulebooks: dict[g.Mode, list[int]] | None = None):
+                 rulebooks: dict[g.Mode, list[int]] | None = None,
+                 registry: Sequence[str] | None = None):
         self.tok = tokenizer
         self.workers = list(workers)
         self.offered = [w for w, _ in self.workers]
+        # Every worker id the pool knows (offered or not); default: the offered ones.
+        self.registry = list(registry) if registry is not None else self.offered
         self.record = record
         self.cfg = config
         self.pc = config.protocol
@@ -129,7 +136,7 @@ class RouteWeaverEnv:
             if not self._over(traj):  # recovery: one retry with the cue
                 return Step(keep, self._encode(g.chat_delta(prompts.SELECTOR_RETRY_CUE)))
             return Step(keep)
-        outcome = g.handle_action_turn(text, self.state, self.offered, self.pc)
+        outcome = g.handle_action_turn(text, self.state, self.offered, self.pc, self.registry)
         self._before = self.state
         self.state = g.record_action_turn(self.state, outcome, self.pc)
         decision = outcome.decision
@@ -249,13 +256,18 @@ def routeweaver_envs(tokenizer: Any, workers: WorkerPool,
     A record's `forced_mode` (set by the curriculum) puts its episodes on the forced arm.
     """
     config = config or EnvConfig()
-    catalog = prompts.catalog_entries(workers)
+    registry = workers.worker_ids()
+    unknown = [w for w in config.offered if w not in registry]
+    if unknown:
+        raise ValueError(f"workers.offered: {unknown} not in the worker pool ({registry})")
+    catalog = [entry for entry in prompts.catalog_entries(workers)
+               if not config.offered or entry[0] in config.offered]
     rulebooks: dict[g.Mode, list[int]] = {}
 
     def make(record: Record, repeat: int) -> tuple[list[int], RouteWeaverEnv]:
         prompt = prompts.selector_prompt_ids(tokenizer, record.question)
         return prompt, RouteWeaverEnv(tokenizer, catalog, record, config, record.forced_mode,
-                                      rulebooks)
+                                      rulebooks, registry)
 
     return make
 
