@@ -320,7 +320,7 @@ def test_a_run_offering_part_of_the_pool(tok, tasks, turn, code):
     `worker_not_offered` and an id the pool does not know `unknown_model`; the catalog the
     router reads lists only the offered workers."""
     config = EnvConfig(offered=("worker_1", "worker_2"))
-    trajs, sampler = run(tok, tasks[:1], ["<mode>single</mode>", turn], config=config)
+    trajs, _ = run(tok, tasks[:1], ["<mode>single</mode>", turn], config=config)
     (t,) = trajs
     assert (t.violation, t.finish, t.calls) == (code, "violation", [])
     rulebook = tok.decode(t.response_ids)
