@@ -265,12 +265,29 @@ def test_segment_without_free_rows_equals_global():
     bt = _toy_batch(b=6, t=5, seed=1)
     lp = _toy_logp(bt["params"], bt["tokens"], bt["feats"])
     zero = jnp.zeros_like(bt["mode"])
-    kw = dict(mode_mask=zero, clean=bt["clean"], ref_logp=bt["ref"])
+    kw = dict(mode_mask=zero, clean=jnp.ones_like(bt["clean"]), ref_logp=bt["ref"])
     seg, _ = L.policy_loss_parts(lp, bt["old"], bt["adv"], bt["resp"], **kw)
     glob, _ = L.policy_loss_parts(lp, bt["old"], bt["adv"], bt["resp"], reduction="global", **kw)
     assert float(L.combine(seg)) == pytest.approx(float(L.combine(glob)), rel=1e-6)
     with pytest.raises(ValueError):
         L.policy_loss_parts(lp, bt["old"], bt["adv"], bt["resp"], reduction="mean")
+
+
+def test_global_reduction_keeps_kl_on_dirty_rows():
+    """§6.12: the global path (grpo_gated: cold start, wo_comet) only zeroes a dirty row's
+    advantage, so its KL (and entropy) still count; the segment path drops the row."""
+    resp = jnp.array([[1, 1, 1], [1, 1, 0]], jnp.float32)
+    clean = jnp.array([1.0, 0.0])
+    lp = jnp.full((2, 3), -1.0)
+    ref = jnp.array([[-1.0, -1.0, -1.0], [-2.0, -1.5, -1.0]])  # only the dirty row differs
+    adv = jnp.zeros((2, 3))
+    k3 = lambda d: math.exp(d) - d - 1  # d = log π_ref − log π
+    kw = dict(clean=clean, ref_logp=ref, kl_coef=1.0)
+    glob, _ = L.policy_loss_parts(lp, lp, adv, resp, reduction="global", **kw)
+    seg, _ = L.policy_loss_parts(lp, lp, adv, resp, **kw)
+    assert float(glob["kl"].total) == pytest.approx(k3(-1.0) + k3(-0.5), rel=1e-6)
+    assert float(glob["kl"].denom) == 5.0
+    assert float(seg["kl"].total) == 0.0 and float(seg["kl"].denom) == 5.0
 
 
 def test_entropy_part():

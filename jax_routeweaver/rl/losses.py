@@ -286,8 +286,9 @@ def policy_loss_parts(
       logp, old_logp, response_mask: ``[B, T]``; ``advantages [B, T]`` per-token
         (``A_mode`` on mode tokens, ``A_inner`` elsewhere, as the estimator assigned them).
       mode_mask: ``[B, T]`` selector-span tokens of free rows (§6.6); None = all zero.
-      clean: ``[B]`` clean-row flag; dirty rows drop out of every numerator but stay in
-        the denominators. None = all clean.
+      clean: ``[B]`` clean-row flag; dirty rows drop out of every policy-gradient numerator
+        but stay in the denominators; the KL and entropy parts drop them with
+        ``"segment"`` and keep them with ``"global"`` (§6.7, §6.12). None = all clean.
       ref_logp: ``[B, T]`` frozen reference; None = no KL part.
       entropy: ``[B, T]`` per-token entropies; None = no entropy part.
       counts: mini-batch-global :class:`SegmentCounts`; None = this call's own counts.
@@ -327,11 +328,14 @@ def policy_loss_parts(
     else:
         pg, _ = ppo_dual_clip(logp, old_logp, advantages, loss_mask, **ppo_kwargs)
         parts["pg"] = WeightedSum(pg.total, counts.n_tokens)
+    # KL and entropy: the segment path reduces them over the clean rows; the global path
+    # (verl's stock loss, whose gate only zeroes dirty rows' advantages) keeps every row.
+    reg_mask = loss_mask if reduction == "segment" else resp
     if ref_logp is not None:
-        parts["kl"] = kl_loss(logp, ref_logp, loss_mask, beta=kl_coef, denom=counts.n_tokens)
+        parts["kl"] = kl_loss(logp, ref_logp, reg_mask, beta=kl_coef, denom=counts.n_tokens)
     if entropy is not None:
         parts["entropy"] = entropy_loss(
-            entropy, loss_mask, coef=entropy_coef, denom=counts.n_tokens
+            entropy, reg_mask, coef=entropy_coef, denom=counts.n_tokens
         )
 
     _, raw = ppo_dual_clip(logp, old_logp, advantages, loss_mask, **ppo_kwargs)
