@@ -481,6 +481,31 @@ def test_summary_numbers_match_hand_computed_values():
     assert "| All | 33.3 | 16.7 | 33.3 | 16.7 |" in shares
 
 
+def test_table1_average_covers_the_nine_benchmarks_only():
+    """Reference §7.4: PopQA and the set600 copies of SuperGPQA / SATBench are left out of the
+    domain averages and Avg, not out of the per-dataset table."""
+    def at(set_name, *args):
+        return {**row(*args), "set": f"data/eval/{set_name}.parquet"}
+
+    rows = [at("eval_600_free", "1", "math", "MATH", True, "single", 0.0, 1),
+            at("eval_600_free", "2", "supergpqa", "KNOWLEDGE", False, "single", 0.0, 1),
+            at("eval_600_free", "3", "satbench", "REASON", False, "single", 0.0, 1),
+            at("eval_600_free", "4", "popqa", "RECALL", False, "single", 0.0, 1),
+            at("eval_700_free", "5", "supergpqa", "KNOWLEDGE", True, "single", 0.0, 1),
+            at("eval_700_free", "6", "satbench", "REASON", True, "single", 0.0, 1),
+            at("eval_triviaqa120_free", "7", "triviaqa", "RECALL", False, "single", 0.0, 1)]
+    s = report.summarize(rows)
+    assert {d.dataset: (d.n, d.accuracy) for d in s.datasets} == {
+        "math": (1, 1.0), "supergpqa": (2, 0.5), "satbench": (2, 0.5), "popqa": (1, 0.0),
+        "triviaqa": (1, 0.0)}
+    assert s.domains == {"MATH": 1.0, "KNOWLEDGE": 1.0, "REASON": 1.0, "RECALL": 0.0}
+    assert s.avg == 0.75 and s.dataset_avg == 0.75 and s.avg_excluded == 3
+    assert s.avg_covers == ("eval_600_free/math", "eval_700_free/satbench",
+                            "eval_700_free/supergpqa", "eval_triviaqa120_free/triviaqa")
+    assert "eval_700_free/supergpqa" in report.compare({"r": s})
+    assert report.summarize(HAND).avg_excluded == 0  # other sets are covered whole
+
+
 def test_summarize_rejects_mixed_routers_duplicates_and_bad_rows():
     mixed = [*HAND, row("9", "m1", "MATH", True, "single", 0.0, 1, router="other")]
     with pytest.raises(ValueError, match="several routers"):

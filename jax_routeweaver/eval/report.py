@@ -14,6 +14,11 @@ A dump (``rows.jsonl``) holds one JSON object per evaluated question with at lea
     domains[d]         = mean of the accuracies of d's datasets (unweighted)
     avg                = mean of the domain averages (the paper's "Avg", reference §7.4)
     dataset_avg        = mean of the dataset accuracies
+  where domains, avg and dataset_avg take the rows of Table 1's nine benchmarks only
+  (`in_table1`): PopQA and the SuperGPQA/SATBench rows of the ``eval_600_free`` set are
+  left out of them, as §7.4 does, while the per-dataset table keeps every row;
+  `avg_covers` names the (set, dataset) pairs the averages cover and `avg_excluded` counts
+  the rows left out. Synthetic and custom sets are covered whole.
     mode_shares[m]     = share of rows whose mode is m ("none": no mode was declared), over
                          all rows and per domain
     mean_cost_usd, mean_calls, mean_tokens = means per question over all rows
@@ -54,6 +59,24 @@ COMPARISON_MD = "comparison.md"
 MODE_SHARES_PNG = "mode_shares.png"
 ACCURACY_VS_COST_PNG = "accuracy_vs_cost.png"
 META_FILE = "eval.json"
+
+
+# §7.4: rows left out of Table 1's averages, by (evaluation set stem, dataset); "*" = any set.
+TABLE1_EXCLUDED: frozenset[tuple[str, str]] = frozenset({
+    ("*", "popqa"), ("eval_600_free", "supergpqa"), ("eval_600_free", "satbench")})
+
+
+def set_stem(row: Mapping[str, Any]) -> str:
+    """The evaluation set a row came from, as a file stem ("" when not recorded)."""
+    name = str(row.get("set") or "")
+    return Path(name).stem if name.endswith((".parquet", ".jsonl", ".json")) else name
+
+
+def in_table1(row: Mapping[str, Any]) -> bool:
+    """Whether a row counts in Table 1's domain averages (`TABLE1_EXCLUDED`)."""
+    dataset = str(row["dataset"])
+    return ("*", dataset) not in TABLE1_EXCLUDED \
+        and (set_stem(row), dataset) not in TABLE1_EXCLUDED
 
 
 class RowError(ValueError):
@@ -177,6 +200,8 @@ class Summary:
     mean_tokens: dict[str, float]
     infra: int
     alpha: float | None = None
+    avg_covers: tuple[str, ...] = ()
+    avg_excluded: int = 0
 
     def dataset(self, name: str) -> DatasetScore | None:
         return next((d for d in self.datasets if d.dataset == name), None)
@@ -248,13 +273,20 @@ def summarize(rows: Sequence[Mapping[str, Any]], *, router: str | None = None,
             accuracy=correct / len(group), infra=sum(_is_infra(r) for r in group),
             mean_cost_usd=_mean([float(r["cost_usd"]) for r in group]),
             mean_calls=_mean([float(r["calls"]) for r in group])))
+    covered = [r for r in rows if in_table1(r)]
+    accuracy: dict[str, list[bool]] = {}
+    for row in covered:
+        accuracy.setdefault(row["dataset"], []).append(bool(row["correct"]))
+    averaged = {d: sum(v) / len(v) for d, v in accuracy.items()}
     domains: dict[str, float] = {}
-    for domain in sorted({s.domain for s in scores}, key=_domain_rank):
-        domains[domain] = _mean([s.accuracy for s in scores if s.domain == domain])
+    for domain in sorted({dataset_domain[d] for d in averaged}, key=_domain_rank):
+        domains[domain] = _mean([a for d, a in averaged.items() if dataset_domain[d] == domain])
     by_domain = {d: _shares([r for r in rows if r["domain"] == d]) for d in domains}
+    covers = sorted({f"{set_stem(r) or '-'}/{r['dataset']}" for r in covered})
     return Summary(
         router=name, n=len(rows), datasets=tuple(scores), domains=domains,
-        avg=_mean(list(domains.values())), dataset_avg=_mean([s.accuracy for s in scores]),
+        avg=_mean(list(domains.values())), dataset_avg=_mean(list(averaged.values())),
+        avg_covers=tuple(covers), avg_excluded=len(rows) - len(covered),
         mode_shares=_shares(rows), mode_shares_by_domain=by_domain,
         mean_cost_usd=_mean([float(r["cost_usd"]) for r in rows]),
         mean_calls=_mean([float(r["calls"]) for r in rows]),
@@ -347,6 +379,11 @@ def compare(summaries: Mapping[str, Summary]) -> str:
     if not summaries:
         raise ValueError("compare: no summaries")
     parts = ["## Accuracy (%) and cost per question", "", accuracy_table(summaries)]
+    first = next(iter(summaries.values()))
+    if first.avg_excluded:
+        parts += ["", f"Domain averages and Avg cover (reference §7.4): "
+                  f"{', '.join(first.avg_covers)}; {first.avg_excluded} rows of the "
+                  "other sets' PopQA / SuperGPQA / SATBench are left out of them."]
     for name, summary in summaries.items():
         alpha = "" if summary.alpha is None else f" (α = {summary.alpha:g})"
         parts += ["", f"## Mode shares (%): {name}{alpha}", "", mode_share_table(summary)]
