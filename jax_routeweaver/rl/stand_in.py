@@ -104,14 +104,11 @@ def decision_inputs(tokenizer: Any, questions: Sequence[str]
     words' first token ids (single, multi, agentic; must differ, else ValueError)."""
     decls = [tokenizer.encode(g.declaration_text(m), add_special_tokens=False)
              for m in g.MODES]
-    common = 0
-    while all(len(d) > common and d[common] == decls[0][common] for d in decls):
-        common += 1
-    firsts = [d[common] for d in decls]
-    if len(set(firsts)) != len(firsts):
+    prefix, firsts = branch(decls)
+    if len(firsts) != len(decls):
         raise ValueError(f"the mode declarations' first differing tokens {firsts} are not "
                          "distinct: the stand-in's mode term needs one choice position")
-    rows = [prompts.selector_prompt_ids(tokenizer, q) + decls[0][:common] for q in questions]
+    rows = [prompts.selector_prompt_ids(tokenizer, q) + prefix for q in questions]
     tokens, mask, last = pad_rows(rows, tokenizer.pad_token_id or 0)
     return tokens, mask, last, firsts
 
@@ -218,8 +215,7 @@ def decision_states(model: Qwen3, tokens: jax.Array, mask: jax.Array, last: jax.
 
 def mode_logprobs(model: Qwen3, h: jax.Array, firsts: jax.Array) -> jax.Array:
     """``log p(m | q) [B, 3]``: the constrained choice among the mode words' first tokens."""
-    w = model.head_weight()[:, firsts].astype(jnp.float32)  # [D, 3]
-    return jax.nn.log_softmax(h @ w, axis=-1)
+    return choice_logprobs(model, h, firsts)
 
 
 def choice_logprobs(model: Qwen3, h: jax.Array, choices: jax.Array) -> jax.Array:

@@ -980,8 +980,10 @@ class SimulatedWorkerPool:
         return correct, source
 
     def _solve(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
-               prompt: str, avoid: set[str], purpose: str) -> tuple[bool, str]:
-        """Solve the task: (correct?, answer text or program)."""
+               prompt: str, avoid: set[str], purpose: str, context: bool
+               ) -> tuple[bool, str]:
+        """Solve the task: (correct?, answer text or program). `context`: the prompt carries
+        another worker's output (referenced blocks or a plan): distraction applies."""
         domain = task.record.domain
         level = _level_index(task.difficulty)
         p = profile.p_correct(domain, task.difficulty)
@@ -992,7 +994,8 @@ class SimulatedWorkerPool:
             gains.append(REVISE_GAIN * self.dynamics[domain].verifiability)
         for gain in gains:
             p += gain * (1.0 - p)
-        if avoid or self._has_context(task, prompt):
+        if avoid or context or self._plan_tag(task, good=False) in prompt \
+                or self._plan_tag(task, good=True) in prompt:
             p *= 1.0 - self.dynamics[domain].distraction
         correct, source = self._draw(worker, task, digest, p, purpose)
         if correct:
@@ -1005,15 +1008,6 @@ class SimulatedWorkerPool:
             list(task.distractors)
         pick = int(_unit(self.seed, "wrong", *source) * len(options))
         return False, options[pick]
-
-    def _has_context(self, task: _Task, prompt: str) -> bool:
-        """Whether the prompt carries another worker's output on this task (a plan or a
-        referenced block)."""
-        if self._plan_tag(task, good=True) in prompt or self._plan_tag(task, good=False) \
-                in prompt:
-            return True
-        _, end = self._question_span(prompt, task)
-        return bool(_split_blocks(prompt[end:]))
 
     def _plan_tag(self, task: _Task, *, good: bool) -> str:
         return "P-" + _hex(self.seed, "plan", task.record.sample_id, "good" if good else "weak")
@@ -1075,7 +1069,8 @@ class SimulatedWorkerPool:
             return self._summarizer_reply(worker, profile, task, digest, prompt, blocks)
         candidates = self._candidates(task, blocks)
         avoid = self._rejections(blocks, candidates)
-        _, answer = self._solve(worker, profile, task, digest, prompt, avoid, "solve")
+        _, answer = self._solve(worker, profile, task, digest, prompt, avoid, "solve",
+                                bool(blocks))
         return self._answer_reply(worker, profile, task, digest, answer,
                                   revised=bool(avoid), role=role)
 
@@ -1172,7 +1167,8 @@ class SimulatedWorkerPool:
             answer = chosen.answer
         else:
             head = ["No usable candidate remains, so I solve the problem myself."]
-            _, answer = self._solve(worker, profile, task, digest, prompt, rejected, "summarize")
+            _, answer = self._solve(worker, profile, task, digest, prompt, rejected, "summarize",
+                                    bool(blocks))
         body = self._answer_reply(worker, profile, task, digest, answer, revised=False,
                                   role="summarizer")
         return "\n".join(head) + "\n" + body
