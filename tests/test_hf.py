@@ -31,13 +31,17 @@ def same_logits(a, b, vocab=256):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_round_trip_is_bit_identical_and_loads_in_transformers(tmp_path, tied):
-    original = make_hf_model(tmp_path / "src", tie_word_embeddings=tied)
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])
+def test_round_trip_is_bit_identical_and_loads_in_transformers(tmp_path, arch, tied):
+    """Every tensor (Qwen2's q/k/v biases included) comes back bit-identical under its HF
+    name, and transformers loads the export as the original's class, with its logits."""
+    original = make_hf_model(tmp_path / "src", arch=arch, tie_word_embeddings=tied)
     model = load_hf(tmp_path / "src")
     save_hf(model, tmp_path / "out")
     before, after = hf_state(tmp_path / "src"), hf_state(tmp_path / "out")
     assert sorted(before) == sorted(after)
     assert ("lm_head.weight" in after) is (not tied)
+    assert ("model.layers.1.self_attn.v_proj.bias" in after) is (arch == "qwen2")
     for name in before:
         assert before[name].dtype == after[name].dtype
         np.testing.assert_array_equal(before[name], after[name], err_msg=name)
@@ -45,6 +49,7 @@ def test_round_trip_is_bit_identical_and_loads_in_transformers(tmp_path, tied):
     assert config["tie_word_embeddings"] is tied
     assert (tmp_path / "out" / "generation_config.json").is_file()
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(reloaded) is type(original)
     same_logits(original, reloaded)
 
 

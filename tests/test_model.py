@@ -1,4 +1,5 @@
-"""Qwen3/Llama forward parity with transformers (fp32), KV cache, scan/remat, chunked logprobs."""
+"""Qwen3/Qwen2/Llama forward parity with transformers (fp32), KV cache, scan/remat, chunked
+logprobs."""
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,14 @@ LLAMA_CASES = {
     "llama-tied-default": dict(tie_word_embeddings=True, num_attention_heads=4,
                                num_key_value_heads=2, head_dim=32, rope_theta=1e4),
 }
+# Qwen2 (random q/k/v biases): Qwen2.5-3B's kind (tied, GQA, no head_dim field, theta 1e6), and
+# an untied one with an explicit head_dim.
+QWEN2_CASES = {
+    "qwen2-tied-gqa2-theta1e6": dict(tie_word_embeddings=True, num_attention_heads=4,
+                                     num_key_value_heads=2, rope_theta=1e6),
+    "qwen2-untied-gqa4-h32-theta1e4": dict(num_attention_heads=8, num_key_value_heads=2,
+                                           head_dim=32, rope_theta=1e4),
+}
 
 
 def padded_batch(vocab: int, seed: int = 0):
@@ -63,8 +72,9 @@ def jax_logits(model, tokens, positions, mask) -> np.ndarray:
 @pytest.mark.integration
 @pytest.mark.parametrize(("arch", "overrides"),
                          [("qwen3", c) for c in PARITY_CASES.values()]
-                         + [("llama", c) for c in LLAMA_CASES.values()],
-                         ids=[*PARITY_CASES, *LLAMA_CASES])
+                         + [("llama", c) for c in LLAMA_CASES.values()]
+                         + [("qwen2", c) for c in QWEN2_CASES.values()],
+                         ids=[*PARITY_CASES, *LLAMA_CASES, *QWEN2_CASES])
 def test_logit_parity_with_transformers(tmp_path, arch, overrides):
     hf_model = make_hf_model(tmp_path, arch=arch, **overrides)
     model = load_hf(tmp_path)
@@ -131,12 +141,27 @@ def test_layer_groups_do_not_change_results(tmp_path, runtime):
     assert_same_loss_and_grads(load_hf(tmp_path), other, 1e-4)
 
 
+@pytest.fixture(scope="module")
+def tiny_qwen2_dir(tmp_path_factory):
+    """A saved tiny tied Qwen2 checkpoint (random q/k/v biases), shared by the module."""
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    make_hf_model(path, arch="qwen2", tie_word_embeddings=True)
+    return path
+
+
+@pytest.fixture(params=["qwen3", "qwen2"])
+def decoder_dir(request):
+    """The tiny Qwen3 checkpoint, then the tiny Qwen2 one."""
+    return request.getfixturevalue("tiny_hf_dir" if request.param == "qwen3"
+                                   else "tiny_qwen2_dir")
+
+
 @pytest.mark.parametrize(("empty_cache", "block"), [(False, 512), (False, 5), (True, 5)])
-def test_kv_cache_decode_matches_full_forward(tiny_hf_dir, empty_cache, block):
+def test_kv_cache_decode_matches_full_forward(decoder_dir, empty_cache, block):
     """Prefill a left-padded prompt then feed tokens one by one: same logits as one pass,
     whether the prefill reads the cache's slots (blocked or dense) or, told the cache is
-    empty, attends among its own tokens in causal blocks."""
-    model = load_hf(tiny_hf_dir, attention_block=block, causal_parts=3)
+    empty, attends among its own tokens in causal blocks (Qwen3 and Qwen2)."""
+    model = load_hf(decoder_dir, attention_block=block, causal_parts=3)
     tokens, positions, mask = padded_batch(256)
     full = jax_logits(model, tokens, positions, mask)
     P = 16

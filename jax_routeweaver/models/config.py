@@ -1,9 +1,13 @@
-"""`ModelConfig`: the architecture of a Qwen3- or Llama-family decoder, read from HF `config.json`.
+"""`ModelConfig`: the architecture of a Qwen3-, Qwen2- or Llama-family decoder, read from HF
+`config.json`.
 
 Every architecture field comes from the checkpoint's own `config.json`; a field we do not
-implement (sliding windows, attention biases, dynamic RoPE, ...) is an error naming it, never
-ignored. Runtime choices that are not part of the checkpoint (dtypes, layer scan, remat, logprob
-chunking) are separate keyword arguments with defaults.
+implement (sliding windows, Llama's `attention_bias`, dynamic RoPE, ...) is an error naming it,
+never ignored. The three architectures share one decoder and differ only in the attention:
+Qwen3 RMS-normalises each query and key head before RoPE (`qk_norm`), Qwen2 adds biases to the
+q, k and v projections (`qkv_bias`; o_proj has none), Llama has neither. Runtime choices that
+are not part of the checkpoint (dtypes, layer scan, remat, logprob chunking) are separate keyword
+arguments with defaults.
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ from typing import Any
 
 import numpy as np
 
-ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
+ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2",
+                 "LlamaForCausalLM": "llama"}
+# (qk_norm, qkv_bias) of each architecture: the only ways their decoders differ.
+ATTENTION_FLAGS = {"Qwen3ForCausalLM": (True, False), "Qwen2ForCausalLM": (False, True),
+                   "LlamaForCausalLM": (False, False)}
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -65,6 +73,10 @@ class ConfigError(ValueError):
 class ModelConfig:
     """Architecture (from HF) plus runtime options (ours).
 
+    `architecture` is the HF class name (a key of ARCHITECTURES); `qk_norm` and `qkv_bias` must
+    be the pair ATTENTION_FLAGS gives it (`from_hf` sets them), else ConfigError naming both:
+    they decide which tensors the model has, and the HF export must match its class.
+
     Runtime options: `param_dtype` (master weights), `dtype` (compute), `scan_layers`
     (`lax.scan` over the stacked layers instead of an unrolled loop: same params either way),
     `remat` (one of REMAT_POLICIES, applied per layer), `remat_groups` (G > 1: the layers run
@@ -92,6 +104,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 40960
     qk_norm: bool = True
+    qkv_bias: bool = False
     architecture: str = "Qwen3ForCausalLM"
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
@@ -128,6 +141,18 @@ class ModelConfig:
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: expected one of {DTYPES}")
+        self._check_attention_flags()
+
+    def _check_attention_flags(self) -> None:
+        """The architecture is known and `qk_norm`, `qkv_bias` are its own."""
+        if self.architecture not in ATTENTION_FLAGS:
+            raise ConfigError(f"architecture={self.architecture!r}: expected one of "
+                              f"{sorted(ATTENTION_FLAGS)}")
+        qk_norm, qkv_bias = ATTENTION_FLAGS[self.architecture]
+        if (self.qk_norm, self.qkv_bias) != (qk_norm, qkv_bias):
+            raise ConfigError(f"qk_norm={self.qk_norm}, qkv_bias={self.qkv_bias} do not match "
+                              f"architecture {self.architecture} (qk_norm={qk_norm}, "
+                              f"qkv_bias={qkv_bias})")
 
     @property
     def model_type(self) -> str:
@@ -186,6 +211,7 @@ class ModelConfig:
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
         rope = _read_rope(hf, where)
+        qk_norm, qkv_bias = ATTENTION_FLAGS[arch]
         try:
             return cls(
                 vocab_size=hf["vocab_size"],
@@ -200,7 +226,8 @@ class ModelConfig:
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", arch == "Qwen3ForCausalLM")),
                 max_position_embeddings=int(hf.get("max_position_embeddings", 40960)),
-                qk_norm=arch == "Qwen3ForCausalLM",
+                qk_norm=qk_norm,
+                qkv_bias=qkv_bias,
                 architecture=arch,
                 bos_token_id=hf.get("bos_token_id"),
                 eos_token_id=_hashable(hf.get("eos_token_id")),
@@ -211,7 +238,10 @@ class ModelConfig:
             raise ConfigError(f"{where}: {e}") from None
 
     def to_hf(self) -> dict[str, Any]:
-        """The `config.json` dict (transformers-5 style `rope_parameters`, plus `rope_theta`)."""
+        """The `config.json` dict (transformers-5 style `rope_parameters`, plus `rope_theta`).
+
+        Qwen2 has no `attention_bias` field (its q/k/v biases are fixed by the class) and gets
+        `use_sliding_window: false` instead."""
         rope = {"rope_type": "default", **dict(self.rope_scaling), "rope_theta": self.rope_theta}
         rope.pop("type", None)
         out: dict[str, Any] = {
@@ -234,6 +264,9 @@ class ModelConfig:
             "use_cache": True,
             "dtype": self.param_dtype,
         }
+        if self.model_type == "qwen2":
+            del out["attention_bias"]
+            out["use_sliding_window"] = False
         if self.model_type == "llama":
             out["mlp_bias"] = False
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):

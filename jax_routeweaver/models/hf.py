@@ -3,7 +3,9 @@
 `TENSOR_MAP` names every HF tensor, the parameter it becomes, and how its layout changes.
 HF Linear weights are `[out, in]`; ours are `[*in_dims, *out_dims]` (e.g. q_proj `[D, N, H]`,
 o_proj `[N, H, D]`), so the transform is "transpose then reshape" one way and its exact inverse
-the other: a round trip is bit-identical.
+the other; HF Linear biases are `[out]`, ours `[*out_dims]` (Qwen2's q_proj bias `[N, H]`), a
+reshape. A round trip is bit-identical. Each rule applies to the configs its `when` names
+(Qwen3's q/k-norm, Qwen2's q/k/v biases, an untied head).
 """
 
 from __future__ import annotations
@@ -46,27 +48,35 @@ class TensorRule:
     """HF tensor `hf` (with `{i}` for the layer) <-> parameter `path`.
 
     `in_dims`: 0 copies the array as is; k > 0 means an HF Linear `[out, in]` whose `in` is the
-    product of our first k dims (ours = hf.T reshaped).
+    product of our first k dims (ours = hf.T reshaped). `flat`: HF stores our array as one
+    vector (a Linear bias `[out]`; ours = hf reshaped).
     """
 
     hf: str
     path: tuple[str, ...]
     in_dims: int = 0
-    when: str = "always"  # "always" | "qk_norm" | "untied"
+    when: str = "always"  # "always" | "qk_norm" | "qkv_bias" | "untied"
+    flat: bool = False
 
     @property
     def per_layer(self) -> bool:
         return "{i}" in self.hf
 
     def hf_shape(self, ours: tuple[int, ...]) -> tuple[int, ...]:
+        if self.flat:
+            return (math.prod(ours),)
         if not self.in_dims:
             return ours
         return (math.prod(ours[self.in_dims:]), math.prod(ours[:self.in_dims]))
 
     def to_ours(self, a: np.ndarray, ours: tuple[int, ...]) -> np.ndarray:
+        if self.flat:
+            return a.reshape(ours)
         return a.T.reshape(ours) if self.in_dims else a
 
     def to_hf(self, a: np.ndarray) -> np.ndarray:
+        if self.flat:
+            return np.ascontiguousarray(a).reshape(-1)
         if not self.in_dims:
             return a
         return np.ascontiguousarray(a.reshape(math.prod(a.shape[:self.in_dims]), -1).T)
@@ -78,8 +88,11 @@ TENSOR_MAP: tuple[TensorRule, ...] = (
     TensorRule("model.embed_tokens.weight", ("embed",)),
     TensorRule("model.layers.{i}.input_layernorm.weight", ("layers", "attn_norm")),
     TensorRule(_ATTN + "q_proj.weight", ("layers", "q_proj"), in_dims=1),
+    TensorRule(_ATTN + "q_proj.bias", ("layers", "q_bias"), when="qkv_bias", flat=True),
     TensorRule(_ATTN + "k_proj.weight", ("layers", "k_proj"), in_dims=1),
+    TensorRule(_ATTN + "k_proj.bias", ("layers", "k_bias"), when="qkv_bias", flat=True),
     TensorRule(_ATTN + "v_proj.weight", ("layers", "v_proj"), in_dims=1),
+    TensorRule(_ATTN + "v_proj.bias", ("layers", "v_bias"), when="qkv_bias", flat=True),
     TensorRule(_ATTN + "o_proj.weight", ("layers", "o_proj"), in_dims=2),
     TensorRule(_ATTN + "q_norm.weight", ("layers", "q_norm"), when="qk_norm"),
     TensorRule(_ATTN + "k_norm.weight", ("layers", "k_norm"), when="qk_norm"),
@@ -94,8 +107,10 @@ _TIED_HEAD = "lm_head.weight"
 
 
 def active_rules(cfg: ModelConfig) -> list[TensorRule]:
-    """The rules that apply to this config (q/k-norm only for Qwen3, lm_head only untied)."""
-    keep = {"always": True, "qk_norm": cfg.qk_norm, "untied": not cfg.tie_word_embeddings}
+    """The rules that apply to this config (q/k-norm only for Qwen3, q/k/v biases only for
+    Qwen2, lm_head only untied)."""
+    keep = {"always": True, "qk_norm": cfg.qk_norm, "qkv_bias": cfg.qkv_bias,
+            "untied": not cfg.tie_word_embeddings}
     return [r for r in TENSOR_MAP if keep[r.when]]
 
 
@@ -151,7 +166,7 @@ class SafetensorsReader:
 
 def load_hf(path: str | Path, *, mesh: Mesh | None = None, rules: Rules = TRAIN_RULES,
             dtype: str | None = None, **runtime: Any) -> Qwen3:
-    """Load an HF Qwen3/Llama checkpoint directory into a `Qwen3`.
+    """Load an HF Qwen3/Qwen2/Llama checkpoint directory into a `Qwen3`.
 
     With `mesh`, each parameter is placed straight into its sharded layout by `rules` (each
     device receives only its shard). `dtype` sets the parameter dtype (default float32);

@@ -1,4 +1,6 @@
-"""Qwen3 decoder (and Llama, which is Qwen3 without q/k-norm) in flax.nnx.
+"""Qwen3 decoder in flax.nnx, and the architectures that differ from it only in the attention
+(`ModelConfig.qk_norm`, `qkv_bias`): Qwen2 (no q/k-norm; biases on q_proj, k_proj and v_proj)
+and Llama (no q/k-norm, no biases).
 
 Parameters are stored stacked over layers (leading `layers` axis) whatever `scan_layers` says:
 `scan_layers=True` runs them with `lax.scan` (compile time independent of depth), False unrolls a
@@ -49,7 +51,9 @@ def _param(init: Callable, key: jax.Array, shape: tuple[int, ...], dtype: jnp.dt
 
 
 class DecoderLayers(nnx.Module):
-    """All decoder layers' weights, stacked on a leading `layers` axis."""
+    """All decoder layers' weights, stacked on a leading `layers` axis. `q_norm`, `k_norm`
+    `[L, H]` exist only with `qk_norm`; `q_bias` `[L, N, H]`, `k_bias`, `v_bias` `[L, K, H]`
+    only with `qkv_bias`, each sharded as the output dims of its projection."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         L, D, N, K, H, F = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
@@ -69,6 +73,14 @@ class DecoderLayers(nnx.Module):
         if cfg.qk_norm:
             self.q_norm = _param(ones, rngs.params(), (L, H), pd, ("layers", "head_norm"))
             self.k_norm = _param(ones, rngs.params(), (L, H), pd, ("layers", "head_norm"))
+        if cfg.qkv_bias:
+            zeros = nnx.initializers.zeros
+            self.q_bias = _param(zeros, rngs.params(), (L, N, H), pd,
+                                 ("layers", "q_heads", "head_dim"))
+            self.k_bias = _param(zeros, rngs.params(), (L, K, H), pd,
+                                 ("layers", "kv_heads", "head_dim"))
+            self.v_bias = _param(zeros, rngs.params(), (L, K, H), pd,
+                                 ("layers", "kv_heads", "head_dim"))
         self.mlp_norm = _param(ones, rngs.params(), (L, D), pd, ("layers", "norm"))
         self.gate_proj = _param(normal, rngs.params(), (L, D, F), pd, ("layers", "embed", "mlp"))
         self.up_proj = _param(normal, rngs.params(), (L, D, F), pd, ("layers", "embed", "mlp"))
@@ -434,24 +446,33 @@ def layer_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.
               sin: jax.Array, gather: jax.Array | None = None
               ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """A layer's attention inputs from x `[B, T, D]`: q `[B, P, N, H]`, k, v `[B, T, K, H]`
-    (normed, rotated by `cos`, `sin` `[B, T, H]`) and the residual x `[B, P, D]`; P = T, or
-    the positions `gather [B, P]` picks (queries and residual only there)."""
-    dt = x.dtype
+    (biased with `qkv_bias`, then normed with `qk_norm`, then rotated by `cos`, `sin`
+    `[B, T, H]`) and the residual x `[B, P, D]`; P = T, or the positions `gather [B, P]` picks
+    (queries and residual only there). Shared by the dense and the paged decoder."""
     eps = cfg.rms_norm_eps
     h = rms_norm(x, p["attn_norm"], eps)
-    k = jnp.einsum("btd,dkh->btkh", h, p["k_proj"].astype(dt))
-    v = jnp.einsum("btd,dkh->btkh", h, p["v_proj"].astype(dt))
+    k = _project(h, p, "k", cfg.qkv_bias)
+    v = _project(h, p, "v", cfg.qkv_bias)
     if gather is not None:
         h, x = _take_rows(h, gather), _take_rows(x, gather)
         q_cos, q_sin = _take_rows(cos, gather), _take_rows(sin, gather)
     else:
         q_cos, q_sin = cos, sin
-    q = jnp.einsum("btd,dnh->btnh", h, p["q_proj"].astype(dt))
+    q = _project(h, p, "q", cfg.qkv_bias)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], eps)
         k = rms_norm(k, p["k_norm"], eps)
     q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
     return q, k, v, x
+
+
+def _project(h: jax.Array, p: dict[str, jax.Array], name: str, bias: bool) -> jax.Array:
+    """h `[B, T, D]` through `p[name + "_proj"]` `[D, heads, H]` -> `[B, T, heads, H]`, plus
+    `p[name + "_bias"]` `[heads, H]` when `bias` (HF's Linear: x W^T + b, in the compute
+    dtype)."""
+    dt = h.dtype
+    out = jnp.einsum("btd,dnh->btnh", h, p[f"{name}_proj"].astype(dt))
+    return out + p[f"{name}_bias"].astype(dt) if bias else out
 
 
 def layer_output(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array,
