@@ -522,11 +522,13 @@ def _quickstart_episodes(args: argparse.Namespace, tokenizer, model, cfg) -> lis
 _DUMP_SCHEMA = """\
 DUMP is a JSONL file of rollouts, one JSON object per line (blank lines skipped), e.g. the rows
 of `Rewards.as_row()`:
-  cost_usd       number >= 0: worker cost of the trajectory in USD, at the reference price
-                 table (read only for kept rows; may be null otherwise)
+  cost_usd       number >= 0: worker cost of the trajectory in USD, at the price table the
+                 rollouts were billed at: the reference table (the simulated pool's), or
+                 with --channels the channel file's prices (read only for kept rows; may be
+                 null otherwise)
   infra_failed   0/1 (or false/true): system failure; the row is skipped
   cost_complete  0/1 (or false/true): every call had usage and a price; 0 rows are skipped
-  price_table_version  optional string; if present it must be the reference table's version
+  price_table_version  optional string; if present it must be that table's version
 Other fields are ignored. C_ref is the q-quantile (linear interpolation, pos = q·(n−1)) of
 cost_usd over the kept rows, correct and wrong alike (reference routeweaver.md §4.4)."""
 
@@ -539,6 +541,10 @@ def _calibrate_cost_arguments(p: argparse.ArgumentParser) -> None:
                    help="cost-reference JSON to write (default: cost_ref.json next to DUMP)")
     p.add_argument("--q", type=_quantile, default=0.95,
                    help="quantile in (0, 1] (default: 0.95, the paper's P95)")
+    p.add_argument("--channels", type=Path, default=None, metavar="FILE",
+                   help="the channel file the DUMP's rollouts were billed with (the run's "
+                        "workers.pool): its prices and price_table_version (required) go in "
+                        "the record (default: the reference table of the simulated pool)")
 
 
 def _quantile(text: str) -> float:
@@ -582,7 +588,7 @@ def read_cost_dump(path: Path, price_table_version: str) -> list[dict]:
             version = row.get("price_table_version", price_table_version)
             if version != price_table_version:
                 raise ValueError(f"{where}: price_table_version {version!r} is not the "
-                                 f"reference table {price_table_version!r}")
+                                 f"billing table's {price_table_version!r}")
             cost = row.get("cost_usd")
             if not infra and complete and (
                     isinstance(cost, bool) or not isinstance(cost, int | float)
@@ -592,16 +598,29 @@ def read_cost_dump(path: Path, price_table_version: str) -> list[dict]:
     return rows
 
 
+def _billing_table(channels: Path | None) -> tuple[Any, str]:
+    """(prices, price_table_version) a cost dump was billed at: the reference table, or the
+    channel file's prices under its `price_table_version` (a C_ref is only meaningful under
+    a named table, so a file without one is a ValueError)."""
+    from jax_routeweaver.routing.pricing import PRICE_TABLE_VERSION, REFERENCE_PRICES
+    from jax_routeweaver.routing.workers import load_channels
+
+    if channels is None:
+        return REFERENCE_PRICES, PRICE_TABLE_VERSION
+    config = load_channels(channels)
+    if config.price_table_version is None:
+        raise ValueError(f"{channels}: no price_table_version; a C_ref is only meaningful "
+                         "under a named price table: give the channel file one")
+    return config.prices(), config.price_table_version
+
+
 def _calibrate_cost(args: argparse.Namespace) -> int:
     import json
 
-    from jax_routeweaver.routing.pricing import (
-        PRICE_TABLE_VERSION,
-        REFERENCE_PRICES,
-        c_ref_from_costs,
-    )
+    from jax_routeweaver.routing.pricing import c_ref_from_costs
 
-    rows = read_cost_dump(args.dump, PRICE_TABLE_VERSION)
+    prices, version = _billing_table(args.channels)
+    rows = read_cost_dump(args.dump, version)
     try:
         result = c_ref_from_costs(rows, q=args.q)
     except ValueError as e:
@@ -610,7 +629,7 @@ def _calibrate_cost(args: argparse.Namespace) -> int:
         result = dataclasses.replace(result, statistic=f"P{args.q * 100:g} of per-trajectory "
                                                        "worker cost")
     out = args.out if args.out is not None else args.dump.parent / "cost_ref.json"
-    record = result.to_record(REFERENCE_PRICES, PRICE_TABLE_VERSION)
+    record = result.to_record(prices, version)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"C_ref = {result.c_ref_usd!r} USD ({result.statistic}; n={result.n_reference_rollouts}"

@@ -5,6 +5,7 @@ import http.server
 import io
 import socket
 import threading
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -27,7 +28,7 @@ class _Models(http.server.BaseHTTPRequestHandler):
         ok = self.path.endswith("/models") or self.path == "/health"
         self.send_response(200 if ok else 404)
         self.end_headers()
-        self.wfile.write(b'{"data": []}')
+        self.wfile.write(b'{"data": [{"id": "m"}]}')
 
     def log_message(self, *args):
         pass
@@ -50,7 +51,7 @@ def closed_port() -> int:
 
 def channel_file(tmp_path, base_up: str) -> str:
     entry = lambda url, **kw: {"description": "a worker", "base_url": url, "model": "m",
-                               "timeout_s": 5, **kw}
+                               "timeout_s": 5, "price": {"input": 0.1, "output": 0.2}, **kw}
     path = tmp_path / "channels.yaml"
     path.write_text(yaml.safe_dump({"workers": {
         "worker_1": entry(f"{base_up}/v1"),
@@ -77,13 +78,15 @@ def test_endpoints_are_checked_over_http_with_keys_from_the_environment(server, 
                              "rollout.sampler=vllm", f"rollout.vllm.url={server}"])
     _Models.seen_auth.clear()
     checks = {c.what: c for c in endpoint_checks(cfg, env={"RW_TEST_KEY": "sk-test"})}
-    assert checks["worker_1"].ok and checks["worker_1"].detail == "HTTP 200"
+    assert checks["worker_1"].ok and checks["worker_1"].detail == \
+        "priced at 0.1 in / 0.2 out USD per 1M tokens; serves 'm'"
     assert not checks["worker_2"].ok and "unreachable" in checks["worker_2"].detail
     assert checks["worker_3"].ok and "Bearer sk-test" in _Models.seen_auth
     assert checks["vllm sidecar"].ok and checks["vllm sidecar"].target == f"{server}/health"
     missing = {c.what: c for c in endpoint_checks(cfg, env={})}
     assert not missing["worker_3"].ok
     assert missing["worker_3"].detail == "environment variable RW_TEST_KEY is not set"
+    assert missing["worker_3"].target == f"{server}/v1/models"
 
 
 def test_dry_run_command_fails_on_an_unreachable_worker(server, tmp_path, capsys, devices):
@@ -93,6 +96,29 @@ def test_dry_run_command_fails_on_an_unreachable_worker(server, tmp_path, capsys
     assert code == 1
     out = capsys.readouterr().out
     assert "some checks FAILED" in out and "sk-" not in out
+
+
+def test_dry_run_names_an_unpriced_worker_and_a_model_not_served(server, tmp_path, capsys,
+                                                                 devices, monkeypatch):
+    """The pool check the run makes before step 1, in the dry run: a line per failing worker
+    naming it, what is wrong and where; the key never printed."""
+    monkeypatch.setenv("RW_TEST_KEY", "sk-test")
+    data = yaml.safe_load(Path(channel_file(tmp_path, server)).read_text())
+    del data["workers"]["worker_1"]["price"]
+    data["workers"]["worker_3"]["model"] = "other"
+    data["workers"]["worker_2"]["base_url"] = f"{server}/v1"
+    (tmp_path / "channels.yaml").write_text(yaml.safe_dump(data))
+    code = main(["train", "--config", "configs/quickstart.yaml", *EIGHT_DEVICES,
+                 f"workers.pool={tmp_path / 'channels.yaml'}", f"out_dir={tmp_path / 'run'}",
+                 "--dry-run", "--no-memory"])
+    out = capsys.readouterr().out
+    assert code == 1 and "some checks FAILED" in out
+    assert f"FAILED worker_1 ({server}/v1/models): has no price in " \
+        f"{tmp_path / 'channels.yaml'}" in out
+    assert f"FAILED worker_3 ({server}/v1/models): does not serve the configured model " \
+        "'other' (it serves 'm')" in out
+    assert "FAILED worker_2" not in out and "sk-test" not in out
+    assert not (tmp_path / "run").exists()
 
 
 def test_inputs_the_run_reads_are_checked(tmp_path):

@@ -4,6 +4,8 @@ import pytest
 from scripted import ScriptedSampler
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+from jax_routeweaver.rewards.router_r1_reward import CostWindow, trajectory_reward, worker_prices
+from jax_routeweaver.rl.router_r1_run import as_rewards
 from jax_routeweaver.routing import router_r1 as r1
 from jax_routeweaver.routing.episode import EpisodeStats, run_episodes
 from jax_routeweaver.routing.router_r1_env import router_r1_envs
@@ -95,16 +97,66 @@ def test_unknown_and_unserved_models_get_none(tok, tasks):
     assert obs == r1.render_observation(None)
 
 
-def test_failed_worker_call_flags_infra(tok, tasks):
+def test_failed_worker_call_is_observed_as_none_and_scored(tok, tasks):
+    """§1.3 / §2.3 / §3.7: a call that failed after the pool's retries shows the policy
+    `<information>None</information>`; the row is not infra, costs 0, and is scored like any
+    other (right answer: the full reward; wrong answer: 0), not dropped."""
     def script(context, params):
+        q = question_of(context, tasks)
         if "<information>" in after_prompt(context, tasks):
-            return "<answer> a </answer>"
-        return f"<search> Qwen2.5-7B-Instruct: {question_of(context, tasks)} </search>"
+            answer = tasks[0].gold[0] if q == tasks[0].question else "surely wrong"
+            return f"<think> done </think>\n<answer> {answer} </answer>"
+        return "<think> ask </think>\n<search> Qwen2.5-7B-Instruct: who knows </search>"
 
     pool = SimulatedWorkerPool(tasks, seed=0, failure_rate=1.0)
-    (t,) = run_episodes(tasks[:1], ScriptedSampler(tok, script), pool,
-                        router_r1_envs(tok, MODEL_WORKERS))
-    assert t.infra_failed and not t.calls[0].success and t.finish == "answer"
+    trajs = run_episodes(tasks[:2], ScriptedSampler(tok, script), pool,
+                         router_r1_envs(tok, MODEL_WORKERS))
+    window = CostWindow()
+    prices = worker_prices(MODEL_WORKERS)
+    rows = []
+    for t in trajs:
+        assert not t.infra_failed and not t.calls[0].success and t.finish == "answer"
+        obs = tok.decode([i for i, m in zip(t.response_ids, t.policy_mask, strict=True)
+                          if not m])
+        assert obs == r1.render_observation(None)
+        assert t.routes == [("Qwen2.5-7B-Instruct", "who knows")] and t.obs_blocks == 1
+        detail = trajectory_reward(t, tok.decode, prices, window)
+        rows.append((detail, as_rewards(t, detail)))
+    (right, right_row), (wrong, wrong_row) = rows
+    for detail, row in rows:
+        assert detail.violations == () and detail.raw_cost == 0.0  # a failed call costs 0
+        assert not row.infra and row.clean and row.failed_calls == 1
+        assert row.r_task == detail.reward
+    assert right.reward == 1.0 and right_row.failure_kind == "correct"
+    assert wrong.reward == 0.0 and wrong_row.failure_kind == "genuine_incorrect"
+
+
+def test_a_loop_error_is_infra_for_router_r1(tok, tasks):
+    """An env call that raises ends that episode only, as a wrapper error (infra)."""
+    factory = router_r1_envs(tok, MODEL_WORKERS)
+
+    def make(record, repeat):
+        prompt, env = factory(record, repeat)
+        if record is tasks[1]:
+            def broken(traj, completion):
+                raise RuntimeError("env bug")
+            env.step = broken
+        return prompt, env
+
+    def script(context, params):
+        return "<think> x </think>\n<answer> 7 </answer>"
+
+    trajs = run_episodes(tasks[:2], ScriptedSampler(tok, script),
+                         SimulatedWorkerPool(tasks, seed=0), make)
+    ok, bad = trajs
+    assert ok.finish == "answer" and not ok.infra_failed
+    assert bad.finish == "loop_error:RuntimeError" and bad.infra_failed
+    assert bad.error == "RuntimeError: env bug" and bad.turns == 1
+    window, prices = CostWindow(), worker_prices(MODEL_WORKERS)
+    rows = [as_rewards(t, trajectory_reward(t, tok.decode, prices, window)) for t in trajs]
+    assert not rows[0].infra and rows[0].clean
+    assert rows[1].infra and not rows[1].clean and rows[1].r_task == 0.0
+    assert rows[1].failure_kind == "wrapper_error"
 
 
 def test_factory_rejects_unknown_model_names(tok):

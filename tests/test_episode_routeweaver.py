@@ -192,6 +192,11 @@ def test_random_router_acts_validly_under_grammar(tok, tasks):
         assert t.policy_mask[:4] == [0, 0, 0, 1]
         closing = 5 if t.mode == "agentic" else 4  # ag + entic: entic is forced too
         assert t.policy_mask[4:closing + 3] == [0] * (closing - 1)
+        assert t.token_source[:4] == [2, 2, 2, 1]  # forced, forced, forced, a choice
+    from jax_routeweaver.rl.episode_metrics import mask_metrics
+
+    assert mask_metrics(trajs) == {"mask/violations": 0.0, "mask/policy_span_min": 1.0,
+                                   "mask/env_span_max": 0.0, "mask/mode_span_min": 1.0}
 
 
 class CountingPool:
@@ -329,3 +334,137 @@ def test_a_run_offering_part_of_the_pool(tok, tasks, turn, code):
     with pytest.raises(ValueError, match=r"workers.offered: \['worker_7'\] not in the worker"):
         routeweaver_envs(tok, SimulatedWorkerPool(tasks, seed=3),
                          EnvConfig(offered=("worker_1", "worker_7")))
+
+
+# ------------------------------------------------------------------ wrapper path (§2.1, §2.4)
+SINGLE = ["<mode>single</mode>", '<route model="worker_3">Solve the question.</route>']
+
+
+def gold_script(tasks, turns_of=lambda q: SINGLE):
+    """Per question: its turns, then an answer with its gold (stateless: read off the
+    response so far, so both repeats of a question act alike)."""
+    def script(context, params):
+        response = context.split("<|im_start|>assistant\n", 1)[1]
+        task = next(t for t in tasks if t.question in context)
+        turns = turns_of(task.question)
+        done = sum(turn in response for turn in turns)
+        return turns[done] if done < len(turns) else f"<answer>{task.gold[0]}</answer>"
+    return script
+
+
+def test_an_env_that_raises_ends_its_episode_only_as_an_infra_row(tok, tasks):
+    """§2.1: a turn handler that raises ends that trajectory (`loop_error:<Type>`, infra,
+    what it had kept); the batch goes on, the others are scored, and the broken row stays out
+    of the group statistics (it is not clean: zero advantage, the group's survivor alone)."""
+    import numpy as np
+
+    from jax_routeweaver.rewards.reward import score_batch
+    from jax_routeweaver.rl.advantages import grpo_gated
+    from jax_routeweaver.rl.metrics import rollout_metrics
+
+    two = [tasks[0], tasks[2]]  # MATH, KNOWLEDGE (the CODE task has no gold answer)
+    pool = SimulatedWorkerPool(tasks, seed=3)
+    factory = routeweaver_envs(tok, pool)
+
+    def make(record, repeat):
+        prompt, env = factory(record, repeat)
+        if record is two[1] and repeat == 0:
+            def broken(traj, calls):
+                raise KeyError("node")
+            env.observe = broken
+        return prompt, env
+
+    trajs = run_episodes(two, ScriptedSampler(tok, gold_script(tasks)), pool, make,
+                         repeats=2)
+    bad = trajs[2]
+    assert bad.finish == "loop_error:KeyError" and bad.infra_failed
+    assert bad.error == "KeyError: 'node'"
+    assert [c.worker for c in bad.calls] == ["worker_3"] and bad.turns == 2  # kept
+    assert all(t.finish == "answer" and not t.infra_failed for i, t in enumerate(trajs)
+               if i != 2)
+    rewards = score_batch(trajs)
+    assert [r.r_task for r in rewards] == [1.0, 1.0, 0.0, 1.0]
+    assert rewards[2].infra and not rewards[2].clean
+    assert rewards[2].failure_kind == "wrapper_error"
+    assert all(r.clean and r.failure_kind == "correct" for i, r in enumerate(rewards) if i != 2)
+    adv = grpo_gated(np.array([r.r_task for r in rewards], np.float32),
+                     np.array([0, 0, 1, 1]), np.array([r.clean for r in rewards]),
+                     np.ones((4, 3), np.float32), num_groups=2)
+    # Group 1 keeps one survivor (mean 0, std 1): its advantage is its raw reward.
+    assert np.asarray(adv.a_grpo) == pytest.approx([0.0, 0.0, 0.0, 1.0], abs=1e-5)
+    m = rollout_metrics(trajs, rewards, group_size=2)
+    assert m["finish/loop_error:KeyError"] == 0.25 and m["infra/loop_error_rate"] == 0.25
+    assert m["reward/mean_clean"] == 1.0 and m["failure_kind/wrapper_error"] == 0.25
+
+
+def test_fatal_env_errors_end_the_run(tok, tasks):
+    """A broken install (ImportError) or an env's declared fatal error is no row failure."""
+    from jax_routeweaver.rewards.sandbox import IsolationUnavailable
+
+    pool = SimulatedWorkerPool(tasks, seed=3)
+    factory = routeweaver_envs(tok, pool)
+    for error in (ImportError("no module"), IsolationUnavailable("no bwrap")):
+        def make(record, repeat, error=error):
+            prompt, env = factory(record, repeat)
+
+            def broken(traj, completion):
+                raise error
+            env.step = broken
+            return prompt, env
+
+        with pytest.raises(type(error)):
+            run_episodes(tasks[:1], ScriptedSampler(tok, gold_script(tasks)), pool, make)
+
+
+def test_payload_hygiene_failure_is_a_wrapper_error(tok, tasks, monkeypatch):
+    """§2.4: a payload whose wrapper text holds a brevity phrase ends that episode as
+    `wrapper_error` (infra) without calling the worker; the batch goes on. The shipped
+    wrappers are clean, so the executor's role brief is patched to provoke it."""
+    from jax_routeweaver.rewards.reward import score_batch
+    from jax_routeweaver.routing import prompts
+
+    brief = dict(prompts.ROLE_BRIEF)
+    brief[g.Role.EXECUTOR] += " Be brief."
+    monkeypatch.setattr(prompts, "ROLE_BRIEF", brief)
+    agentic = ["<mode>agentic</mode>",
+               '<route model="worker_3" role="executor" refs="">Solve it.</route><|im_end|>']
+    pool = CountingPool(SimulatedWorkerPool(tasks, seed=3))
+    script = gold_script(tasks, lambda q: agentic if q == tasks[0].question else SINGLE)
+    trajs = run_episodes([tasks[0], tasks[2]], ScriptedSampler(tok, script), pool,
+                         routeweaver_envs(tok, pool))
+    bad, ok = trajs
+    assert bad.finish == "wrapper_error" and bad.infra_failed and bad.calls == []
+    assert "brevity phrases ['be brief']" in bad.error and bad.routes == []
+    assert bad.mode == "agentic" and bad.turns == 2
+    assert ok.finish == "answer" and [c.worker for c in ok.calls] == ["worker_3"]
+    assert pool.peak == 1  # only the clean episode called a worker
+    bad_r, ok_r = score_batch(trajs)
+    assert bad_r.infra and not bad_r.clean and bad_r.failure_kind == "wrapper_error"
+    assert bad_r.r_task == 0.0
+    assert ok_r.clean and ok_r.failure_kind == "correct" and ok_r.r_task == 1.0
+
+
+def test_episode_diagnostics_are_recorded(tok, tasks):
+    """The fields the §6.14 metrics read: provenance per token, the declaring turn's logprob,
+    routes and layer width, observation blocks, violations before the first call."""
+    (t,), _ = run(tok, tasks[:1], [
+        "<mode>agentic</mode>",
+        '<route model="worker_3" role="executor" refs="">Solve it.</route>\n'
+        '<route model="worker_6" role="executor" refs="">Solve it again.</route><|im_end|>',
+        '<route model="worker_5" role="summarizer" refs="n1,n2">Reconcile.</route><|im_end|>',
+        "<answer>x</answer>"])
+    assert len(t.token_source) == len(t.response_ids)
+    assert [s == 0 for s in t.token_source] == [m == 0 for m in t.policy_mask]
+    assert t.mode_logprob == pytest.approx(-0.25 * t.mode_span_end)
+    assert t.routes == [("worker_3", "Solve it."), ("worker_6", "Solve it again."),
+                        ("worker_5", "Reconcile.")]
+    assert t.max_layer_width == 2 and (t.obs_blocks, t.obs_truncated) == (3, 0)
+    assert t.first_call_violations == 0 and t.violations == [] and t.selector_retries == 0
+    config = EnvConfig(protocol=g.ProtocolConfig(recovery=True, observation_cap=40))
+    (t,), _ = run(tok, tasks[:1], ["<mode>solo</mode>", "<mode>single</mode>", "no action",
+                                   '<route model="worker_3">a</route>', "<answer>q</answer>"],
+                  config=config)
+    assert t.selector_retries == 1 and t.violations == ["selector_mode_invalid",
+                                                        "route_missing"]
+    assert t.first_call_violations == 2 and (t.obs_blocks, t.obs_truncated) == (1, 1)
+    assert t.mode_logprob == pytest.approx(-0.25 * 7)  # the declaring turn only

@@ -419,19 +419,45 @@ def test_http_workers_at_temperature_0_2_record_then_replay_without_keys(
         (tmp_path / "rec" / "rows.jsonl").read_bytes()
 
 
+@pytest.mark.slow
+def test_eval_bills_worker_calls_at_the_channel_files_prices(tiny_run, tmp_path, loopback):
+    base = run_cfg(tiny_run)
+    sim = SimulatedWorkerPool(load_sets([SETS], base)[0].records, seed=base.workers.seed)
+    server = SimServer(sim)
+    price = (1.0, 2.0)  # USD per 1M input / output tokens, every worker: not the reference's
+    try:
+        channels = channel_file(tmp_path / "ch.yaml", sim, server.url,
+                                prices=dict.fromkeys(sim.worker_ids(), price))
+        cfg = run_cfg(tiny_run, f"workers.pool={channels}")
+        result = evaluate(cfg, EvalOptions(checkpoint=str(tiny_run), sets=(SETS,),
+                                           out_dir=str(tmp_path / "out"), batch_size=BATCH,
+                                           replay="off", progress=False), console=quiet())
+    finally:
+        server.close()
+    assert server.bodies and all(r["cost_complete"] for r in result.rows)
+    for r in result.rows:
+        tokens = r["tokens"]
+        assert r["cost_usd"] == pytest.approx(
+            (tokens["worker_prompt"] * price[0] + tokens["worker_completion"] * price[1])
+            / 1e6, rel=1e-12, abs=1e-15)
+    assert sum(r["cost_usd"] for r in result.rows) > 0
+
+
 def test_channel_pool_is_built_at_the_eval_temperature(tmp_path, loopback, monkeypatch):
     channels = ROOT / "configs" / "channels" / "reference.yaml"
     cfg = load_train_config(QUICKSTART, [f"workers.pool={channels}"])
     monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
     options = EvalOptions(checkpoint="x", sets=(SETS,), out_dir=str(tmp_path))
-    live = build_eval_pool(cfg, [], options)
+    # check=False: these endpoints are not up here (the pool check is test_pool_check's).
+    live = build_eval_pool(cfg, [], options, check=False)
     assert isinstance(live.pool, HttpWorkerPool) and live.pool._temperature == 0.2
     assert SECRET in live.secrets and live.identify("worker_3").sampling["temperature"] == 0.2
-    hot = build_eval_pool(cfg, [], dataclasses.replace(options, worker_temperature=0.7))
+    hot = build_eval_pool(cfg, [], dataclasses.replace(options, worker_temperature=0.7),
+                          check=False)
     assert hot.identify("worker_3").sampling["temperature"] == 0.7
     monkeypatch.delenv("OPENROUTER_API_KEY")
     with pytest.raises(MissingApiKeyError, match="OPENROUTER_API_KEY"):
-        build_eval_pool(cfg, [], options)
+        build_eval_pool(cfg, [], options, check=False)
     offline = build_eval_pool(cfg, [], dataclasses.replace(options, replay="replay"))
     assert isinstance(offline.pool, CatalogOnlyPool)
     assert offline.worker_ids() == [f"worker_{i}" for i in range(1, 7)]

@@ -325,3 +325,166 @@ def test_real_episodes(tok):
     assert m["reward/mean"] == pytest.approx(np.mean([r.r_task for r in rewards]))
     assert m["groups/all_same_mode_ratio"] == 1.0 and m["groups/mixing_forced_free"] == 0.0
     assert m["finish/answer"] == m["finish/violation"] == 0.5
+
+
+# ------------------------------------------------------------------ episode diagnostics (§6.14)
+def drow(record, *, r, sources=None, mask=None, correct=False, infra=False, s_cost=-1.0,
+         forced_mode=None, **fields):
+    """A (Trajectory, Rewards) pair with the diagnostic fields set by hand. `sources` /
+    `mask`: the response's token provenance and policy mask (no provenance when None)."""
+    if forced_mode is not None:
+        record = record.replace(forced_mode=forced_mode)
+        fields.setdefault("forced", True)
+        fields.setdefault("mode", forced_mode)
+    sources = sources or []
+    mask = mask if mask is not None else [int(s == 1) for s in sources]
+    traj = Trajectory(record, 0, [1], response_ids=list(range(len(mask))), policy_mask=mask,
+                      token_source=list(sources), **fields)
+    cost = traj.cost
+    rewards = Rewards(r, 0.0, infra, s_cost, 0.0 if cost is None else cost.cost_usd,
+                      cost is not None and cost.complete,
+                      "correct" if correct else "genuine_incorrect", correct=correct,
+                      clean=not infra and not traj.infra_failed)
+    return traj, rewards
+
+
+def wcall(worker):
+    return WorkerCall(worker, "p", "reply", True)
+
+
+def summary(usd, *reasons):
+    from jax_routeweaver.routing.pricing import CostSummary
+
+    return CostSummary(usd, not reasons, tuple(reasons))
+
+
+# Group 0 (free, MATH): two single rows, one ended by a loop error. Group 1 (free, RECALL): a
+# multi row with an env token at mask 1, and an invalid selector. Group 2 (forced agentic,
+# MATH): in-loop execution, a repeated route, a policy token at mask 0, a sandbox-error row.
+# Group 3 (forced single, RECALL): a recovered violation after the first call, and a
+# premature answer before any call; neither costed nor with token provenance.
+DIAG = [
+    drow(M1, r=1.0, correct=True, mode="single", mode_span_end=2, finish="answer",
+         sources=[1, 1, 0, 0, 1], mode_logprob=math.log(0.5), routes=[("w1", "t")],
+         calls=[wcall("w1")], obs_blocks=1, obs_truncated=1, cost=summary(0.01), s_cost=0.6),
+    drow(M1, r=0.0, infra=True, mode="single", mode_span_end=2, infra_failed=True,
+         finish="loop_error:KeyError", sources=[1, 1, 2, 0, 1], mask=[1, 1, 0, 0, 1],
+         mode_logprob=math.log(0.25), selector_retries=1, routes=[("w1", "t")],
+         calls=[wcall("w1")], obs_blocks=1, cost=summary(0.02, "usage_unknown")),
+    drow(R1, r=1.0, correct=True, mode="multi", mode_span_end=1, finish="answer",
+         sources=[1, 0, 1], mask=[1, 1, 1], mode_logprob=math.log(0.8),
+         routes=[("w1", "a"), ("w2", "b")], calls=[wcall("w1"), wcall("w2")], obs_blocks=2,
+         obs_truncated=1, cost=summary(0.03), s_cost=0.4),
+    drow(R1, r=-1.0, violation="selector_mode_missing", violations=["selector_mode_missing"],
+         finish="violation", sources=[1, 1], cost=summary(0.0), s_cost=1.0),
+    drow(M2, r=1.0, correct=True, forced_mode="agentic", mode_span_end=2, finish="answer",
+         sources=[0, 0, 1, 0], routes=[("w3", "x"), ("w3", "x"), ("w5", "s")],
+         calls=[wcall("w3"), wcall("w3"), wcall("w9")], max_layer_width=2, turns=4,
+         first_call_violations=0, obs_blocks=3, exec_runs=3, exec_graded=2, exec_passed_all=1,
+         cost=summary(0.05, "unpriced")),
+    drow(M2, r=0.0, infra=True, forced_mode="agentic", mode_span_end=2, finish="violation",
+         violation="ref_unknown", violations=["ref_unknown"], sources=[0, 0, 1, 1],
+         mask=[0, 0, 1, 0], routes=[("w3", "y")], calls=[wcall("w3")], max_layer_width=1,
+         turns=3, first_call_violations=0, obs_blocks=1, obs_truncated=1, exec_runs=1,
+         exec_sandbox_errors=1, cost=summary(0.01), s_cost=0.5),
+    drow(R1, r=0.0, forced_mode="single", finish="answer", violations=["route_missing"],
+         first_call_violations=0, routes=[("w1", "q")], calls=[wcall("w1")], turns=3),
+    drow(R1, r=-1.0, forced_mode="single", finish="violation", violation="answer_premature",
+         violations=["answer_premature"], turns=1),
+]
+PRICES = dict.fromkeys(("w1", "w2", "w3", "w5"), None)
+
+
+@pytest.fixture(scope="module")
+def diag():
+    trajs, rewards = zip(*DIAG, strict=True)
+    return rollout_metrics(list(trajs), list(rewards), group_size=2, prices=PRICES)
+
+
+def test_observation_truncation(diag):
+    """Blocks 1, 1, 2, 0, 3, 1, 0, 0; cut 1, 0, 1, 0, 0, 1."""
+    assert {k: v for k, v in diag.items() if k.startswith("obs/")} == pytest.approx({
+        "obs/blocks_mean": 1.0, "obs/truncation_rate": 3 / 8, "obs/row_truncation_rate": 3 / 5,
+        "obs/truncation_rate_by_mode/single": 0.5, "obs/truncation_rate_by_mode/multi": 0.5,
+        "obs/truncation_rate_by_mode/agentic": 0.25,  # invalid: no block, no key
+        "obs/truncation_rate_by_domain/MATH": 1 / 3,
+        "obs/truncation_rate_by_domain/RECALL": 0.5})
+
+
+def test_execution_feedback_and_mask_provenance(diag):
+    assert {k: v for k, v in diag.items() if k.startswith("exec/")} == {
+        "exec/runs": 4.0, "exec/sandbox_errors": 1.0, "exec/rows_with_exec": 2.0,
+        "exec/pass_all_rate": 0.5}
+    # Rows 2 (env token at 1) and 5 (a choice token at 0); rows 6, 7 have no provenance.
+    assert {k: v for k, v in diag.items() if k.startswith("mask/")} == {
+        "mask/violations": 2.0, "mask/policy_span_min": 0.0, "mask/env_span_max": 1.0,
+        "mask/mode_span_min": 1.0}
+
+
+def test_episode_shape_and_wrapper_failures(diag):
+    assert diag["episode/route_count_mean"] == pytest.approx(9 / 8)
+    assert diag["episode/selector_retries_mean"] == 0.25  # over the four free rows
+    assert diag["episode/max_layer_width_mean"] == 1.5  # agentic rows 4 and 5
+    assert diag["infra/loop_error_rate"] == 1 / 8 and diag["infra/wrapper_error_rate"] == 0.0
+
+
+def test_forced_mode_family(diag):
+    m1 = {k: v for k, v in diag.items() if k.startswith("m1/")}
+    assert m1 == pytest.approx({
+        "m1/agentic/rows": 2.0, "m1/agentic/reward_mean": 0.5,
+        "m1/agentic/task_accuracy": 0.5, "m1/agentic/first_pass_valid": 1.0,
+        "m1/agentic/eventual_valid": 0.5, "m1/agentic/terminal_invalid_rate": 0.5,
+        "m1/agentic/infra_rate": 0.5, "m1/agentic/forced_mode_honoured": 1.0,
+        "m1/agentic/unique_route_ratio": 0.75, "m1/agentic/worker_calls_mean": 2.0,
+        "m1/agentic/turns_mean": 3.5, "m1/agentic/groups": 1.0,
+        "m1/agentic/zero_variance_group_ratio": 1.0,  # one clean member
+        "m1/single/rows": 2.0, "m1/single/reward_mean": -0.5,
+        "m1/single/task_accuracy": 0.0, "m1/single/first_pass_valid": 0.5,
+        "m1/single/eventual_valid": 0.5, "m1/single/terminal_invalid_rate": 0.5,
+        "m1/single/infra_rate": 0.0, "m1/single/forced_mode_honoured": 1.0,
+        "m1/single/unique_route_ratio": 1.0, "m1/single/worker_calls_mean": 0.5,
+        "m1/single/turns_mean": 2.0, "m1/single/groups": 1.0,
+        "m1/single/zero_variance_group_ratio": 0.0})
+
+
+def test_arms_question_routing_cost_and_mode_probability(diag):
+    assert {k: v for k, v in diag.items() if k.startswith("stage2/")} == pytest.approx({
+        "stage2/free_ratio": 0.5, "stage2/forced_ratio": 0.5,
+        "stage2/free/reward_mean": 0.25, "stage2/forced/reward_mean": 0.0,
+        "stage2/free/mode_share/single": 0.5, "stage2/free/mode_share/multi": 0.25,
+        "stage2/free/mode_share/agentic": 0.0, "stage2/free/mode_share/invalid": 0.25,
+        "stage2/forced/mode_share/single": 0.5, "stage2/forced/mode_share/multi": 0.0,
+        "stage2/forced/mode_share/agentic": 0.5, "stage2/forced/mode_share/invalid": 0.0})
+    assert diag["routing/question_mode_entropy_mean"] == pytest.approx(math.log(2) / 2)
+    assert diag["routing/unanimous_group_ratio"] == 0.5
+    # Costed rows 0..5: row 1 misses usage, row 4 calls an unpriced worker (w9).
+    assert {k: v for k, v in diag.items() if k.startswith("cost/") and
+            k != "cost/usd_mean" and not k.startswith("cost/usd_by_mode")} == pytest.approx({
+        "cost/calls": 7 / 6, "cost/usage_unknown_rate": 1 / 6, "cost/unpriced_rate": 1 / 6,
+        "cost/complete_rate": 4 / 6, "cost/s_cost_mean": 2.5 / 4})
+    assert {k: v for k, v in diag.items() if k.startswith("mode/pi")} == pytest.approx({
+        "mode/pi_chosen_mean": 1.55 / 3, "mode/pi_chosen/single": 0.375,
+        "mode/pi_chosen/multi": 0.8})
+
+
+def test_diagnostics_without_modes_provenance_or_cost(batch_metrics):
+    """Router-R1 rows: no mode family; rows built without provenance or cost: no mask or
+    cost key; a batch without costing leaves cost/calls out."""
+    assert not [k for k in batch_metrics if k.startswith(("mask/", "cost/calls"))]
+    assert batch_metrics["episode/route_count_mean"] == 0.0
+    trajs, rewards = zip(*DIAG, strict=True)
+    m = rollout_metrics(list(trajs[6:]), list(rewards[6:]), group_size=2)
+    assert m["mask/violations"] == 0.0  # empty responses: nothing to contradict
+    assert not [k for k in m if k.startswith(("mask/policy", "mask/env", "mask/mode",
+                                              "cost/calls", "cost/complete", "mode/pi",
+                                              "stage2/free/"))]
+    assert m["stage2/forced_ratio"] == 1.0 and "routing/unanimous_group_ratio" not in m
+    from jax_routeweaver.rl.episode_metrics import episode_diagnostics
+
+    r1 = episode_diagnostics(list(trajs), list(rewards), group_size=2, with_modes=False)
+    assert not [k for k in r1 if k.startswith(("m1/", "stage2/", "routing/", "mode/",
+                                               "exec/", "obs/truncation_rate_by_mode",
+                                               "mask/mode_span", "episode/selector",
+                                               "episode/max_layer"))]
+    assert r1["obs/truncation_rate"] == 3 / 8 and r1["mask/violations"] == 2.0
+    assert "cost/calls" not in r1 and r1["cost/complete_rate"] == 4 / 6

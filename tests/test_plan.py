@@ -79,6 +79,17 @@ def test_state_bytes_per_device_follow_the_shardings(devices):
     assert one.update.arguments > 6 * eight.update.arguments  # the state really is divided
 
 
+def test_a_critic_is_priced_as_a_second_params_and_optimizer_state(devices):
+    # ppo_gae trains a critic of the policy's shape beside it: resident in both programs.
+    shape = StepShape(rows=16, length=512, policy_tokens=128)
+    without = plan()
+    with_critic = memory_plan(PLAN_CFG, shape, mesh_shape=(1, 8, 1), devices=jax.devices()[:8],
+                              optim=OptimConfig(), loss=LossConfig(), critic=True)
+    assert without.critic == 0 and with_critic.critic == without.params + without.optimizer
+    assert with_critic.peak == without.peak + with_critic.critic
+    assert with_critic.as_dict()["critic_gib"] == round(with_critic.critic / GIB, 2)
+
+
 def test_activation_memory_grows_with_length_and_remat_saves_it(devices):
     short, long = plan(512), plan(1024)
     assert long.update.temporaries > short.update.temporaries

@@ -16,6 +16,8 @@ from jax_routeweaver.routing.pricing import (
     call_cost,
     cost_score,
     percentile_linear,
+    pool_prices,
+    price_problems,
     trajectory_cost,
     usage_unknown,
     verify_pool,
@@ -125,6 +127,21 @@ def test_verify_pool():
         verify_pool(["worker_2"], REFERENCE_PRICES, {})
     # A price not pinned to a backend is not checked against one.
     verify_pool(["worker_1"], {"worker_1": WorkerPrice(1.0, 2.0)}, {"worker_1": "anything"})
+
+
+def test_price_problems_name_each_unbillable_worker_and_pool_prices():
+    backends = {"worker_1": "qwen3_8b", "worker_2": "qwen3_8b", "worker_7": "x"}
+    assert price_problems(["worker_7", "worker_1", "worker_2"], REFERENCE_PRICES, backends) == [
+        ("worker_7", "has no price"),
+        ("worker_2", "its price was set for backend 'llama31_8b' but it is served by "
+                     "'qwen3_8b'")]
+    assert price_problems(["worker_2"], REFERENCE_PRICES) == []  # no backends: not pinned
+    # A pool bills at the table it declares (a channel pool's prices()), through wrappers;
+    # a pool declaring none (the simulated pool) at the reference table.
+    table = {"worker_7": WorkerPrice(3.0, 4.0)}
+    declaring = SimpleNamespace(prices=lambda: table)
+    assert pool_prices(SimpleNamespace(pool=SimpleNamespace(pool=declaring))) is table
+    assert pool_prices(SimpleNamespace(pool=None)) is REFERENCE_PRICES
 
 
 def test_worker_price_validation():

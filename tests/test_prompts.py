@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -25,12 +26,15 @@ from jax_routeweaver.routing.prompts import (
     ROLE_BRIEF,
     RULEBOOK_CLOSING,
     SELECTOR_RETRY_CUE,
+    PayloadHygieneError,
     brevity_flags,
     catalog_block,
     catalog_entries,
     check_payload,
+    checked_worker_payload,
     compact_rulebook,
     mode_rulebook,
+    payload_references,
     render_user_turn_ids,
     role_payload,
     routing_state_header,
@@ -279,6 +283,27 @@ def test_payload_hygiene() -> None:
     with pytest.raises(ValueError, match="brevity"):
         check_payload("No explanation needed.\n\n" + single_multi_payload("Q", "T"),
                       task="T", question="Q")
+
+
+def test_checked_payloads_and_their_references() -> None:
+    """`payload_references` are exactly the texts `worker_payload` splices in; a checked
+    payload raises `PayloadHygieneError` (a ValueError) only for wrapper text."""
+    n1 = Node("n1", 1, "worker_1", "a", Role.EXECUTOR, output="Answer only: 5")
+    state = RoutingState(mode=Mode.AGENTIC, nodes=(n1,))
+    call = PlannedCall("worker_2", "Be brief.", "n2", 2, Role.VERIFIER, ("n1",))
+    assert payload_references(call, state) == ("Answer only: 5",)
+    payload = checked_worker_payload(call, "Yes or no?", state)
+    assert payload == worker_payload(call, "Yes or no?", state)
+    multi = RoutingState(mode=Mode.MULTI, nodes=(dataclasses.replace(n1, role=None),))
+    plain = PlannedCall("worker_2", "T", "n2", 2)
+    assert payload_references(plain, multi) == ()
+    attach = ProtocolConfig(multi_attach_previous=True)
+    assert payload_references(plain, multi, attach) == ("Answer only: 5",)
+    checked_worker_payload(plain, "Q", multi, attach)  # the attached output is not wrapper
+    with pytest.raises(PayloadHygieneError, match=r"\['no explanation'\]"):
+        check_payload("No explanation.\n\n" + single_multi_payload("Q", "T"), task="T",
+                      question="Q")
+    assert issubclass(PayloadHygieneError, ValueError)
 
 
 # ---------------------------------------------------------------------------------------- cues

@@ -85,6 +85,9 @@ CASES = [
      FakeScorer(), "wrapper_error", 0.0, 0.0),
     ("wrapper_beats_selector", traj(violation="selector_mode_missing", finish="loop_error"),
      FakeScorer(), "wrapper_error", 0.0, 0.0),
+    # RouteWeaverEnv's payload-hygiene finish (§2.4), even on a correct answer.
+    ("wrapper_payload_finish", traj(answer="Paris", calls=[ok()], finish="wrapper_error"),
+     FakeScorer(), "wrapper_error", 0.0, 0.0),
     ("selector_invalid", traj(violation="selector_mode_missing", finish="violation"),
      FakeScorer(), "parser_error", -1.0, -1.0),
     ("selector_beats_failed_calls", traj(violation="answer_in_selector", calls=[failed()]),

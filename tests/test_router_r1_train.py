@@ -11,7 +11,7 @@ from rich.console import Console
 
 from jax_routeweaver.config import ConfigError
 from jax_routeweaver.rewards.router_r1_reward import CostWindow
-from jax_routeweaver.rl.checkpoint import StateCheckpointer
+from jax_routeweaver.rl.checkpoint import STATE_ITEM, StateCheckpointer
 from jax_routeweaver.rl.loop import train
 from jax_routeweaver.rl.train_config import load_train_config
 
@@ -31,8 +31,8 @@ TINY = [f"data.batch_size={BATCH}", f"data.group_size={K}", "data.quotas={MATH: 
         "logging.plots=false"]
 
 
-def run(out: Path, steps: int) -> list[dict]:
-    cfg = load_train_config(QUICKSTART, [*TINY, f"out_dir={out}", f"steps={steps}"])
+def run(out: Path, steps: int, extra: tuple[str, ...] | list[str] = ()) -> list[dict]:
+    cfg = load_train_config(QUICKSTART, [*TINY, f"out_dir={out}", f"steps={steps}", *extra])
     return train(cfg, console=Console(file=io.StringIO())).metrics
 
 
@@ -109,6 +109,50 @@ def test_resume_continues_with_the_saved_cost_window(whole, tmp_path):
     assert replay(CostWindow()) != pytest.approx(expected[2]["r1/cost_score"], abs=1e-6)
 
 
+# ------------------------------------------------------------------------------ PPO + critic
+PPO = ["algo.estimator=ppo_gae", "data.group_size=1", "algo.loss.kl_coef=0",
+       "algo.critic.lr=0.001", "algo.loss.ppo_mini_batches=2", "data.batch_size=4",
+       "data.quotas={MATH: 2, RECALL: 2}"]
+
+
+@pytest.fixture(scope="module")
+def ppo_whole(tmp_path_factory) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("r1ppo") / "whole"
+    return out, run(out, 3, PPO)
+
+
+@pytest.mark.slow
+def test_ppo_run_trains_its_critic_and_resumes_exactly(ppo_whole, tmp_path):
+    whole_dir, expected = ppo_whole
+    for r in expected:
+        for key in ("critic/vf_loss", "critic/grad_norm", "ppo_gae/returns_mean",
+                    "ppo_gae/kl_mean", "adv/gae_abs_mean", "loss/pg"):
+            assert math.isfinite(r[key]), key
+        assert "adv/grpo_abs_mean" not in r  # no group advantage with a critic
+    # The critic's state is in the full checkpoint next to the policy's.
+    with StateCheckpointer(whole_dir / "checkpoints" / "state", keep=None) as ckpt:
+        leaves = ckpt._manager.item_metadata(3)[STATE_ITEM]
+    names = list(getattr(leaves, "tree", leaves))
+    assert any("critic" in n for n in names) and any("policy" in n for n in names)
+    # Killed while saving step 3: the resumed run restores policy, critic and cost window
+    # from step 2 and repeats step 3 exactly (the critic's values feed the advantages).
+    part = tmp_path / "part"
+    shutil.copytree(whole_dir, part)
+    shutil.rmtree(part / "checkpoints" / "state" / "3")
+    assert comparable(run(part, 3, PPO)) == comparable(expected)
+
+
+def test_ppo_gae_is_router_r1_only_and_its_sections_need_it():
+    with pytest.raises(ConfigError, match=r"algo\.estimator.*router_r1"):
+        load_train_config(ROOT / "configs" / "quickstart.yaml", ["algo.estimator=ppo_gae"])
+    with pytest.raises(ConfigError, match=r"algo\.critic"):
+        load_train_config(QUICKSTART, ["algo.critic.lr=0.1"])
+    with pytest.raises(ConfigError, match=r"algo\.gae"):
+        load_train_config(QUICKSTART, ["algo.gae.lam=0.9"])
+    with pytest.raises(ConfigError, match=r"algo\.gae\.gamma"):
+        load_train_config(PAPER, ["algo.gae.gamma=1.5"])
+
+
 @pytest.mark.parametrize("override, key", [
     ("algo.estimator=comet_grpo", "algo.estimator"),
     ("algo.estimator=comet_gdpo", "algo.estimator"),
@@ -143,7 +187,14 @@ def test_paper_config_maps_the_reference_hyper_parameters():
     assert cfg.rollout.dialect == "router_r1" and cfg.model.init == "hf"
     assert cfg.model.path == cfg.model.tokenizer  # one placeholder for both
     assert (cfg.optim.lr, cfg.algo.loss.clip_low, cfg.algo.loss.clip_high) == (1e-6, 0.2, 0.2)
-    assert (cfg.algo.loss.kl_coef, cfg.algo.loss.entropy_coef) == (0.001, 0.001)
+    # PPO with a critic: γ = λ = 1, whitened GAE, KL 0.001 in the reward and no KL loss,
+    # critic lr 1e-5 and value clip 0.5, one rollout per prompt, two mini-batches.
+    assert cfg.algo.estimator == "ppo_gae" and cfg.data.group_size == 1
+    g, c = cfg.algo.gae, cfg.algo.critic
+    assert (g.gamma, g.lam, g.whiten, g.reward_kl_coef) == (1.0, 1.0, True, 0.001)
+    assert (c.lr, c.value_clip, c.grad_clip) == (1e-5, 0.5, 1.0)
+    assert (cfg.algo.loss.kl_coef, cfg.algo.loss.entropy_coef) == (0.0, 0.001)
+    assert cfg.algo.loss.ppo_mini_batches == 2
     assert (cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens) == (
         1.0, 0.95, 1024)
     r = cfg.rollout.router_r1

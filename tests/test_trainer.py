@@ -153,6 +153,45 @@ def test_support_gradient_equals_full_graph():
     assert float(metrics["support/lambda"]) == pytest.approx(0.4)
 
 
+def test_support_pass_logs_the_mode_distribution():
+    """The teacher-forced scores give π_M per query: π̄ over all, free and forced queries,
+    and the first scored token's probability (§6.14's mode/pibar_all, free|forced/pi,
+    mode/pi1), recomputed here from plain per-row forwards."""
+    prompts, decls = support_rows(seed=0)
+    forced = [True, False, False, True, False]
+    sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8, forced=forced)
+    trainer = Trainer(model(seed=1), OptimConfig(), LossConfig(support_chunk=4))
+    graphdef, params = nnx.split(model(seed=1), nnx.Param)
+    scores, firsts = np.zeros((5, 3)), np.zeros((5, 3))
+    for q, prompt in enumerate(prompts):
+        for m, decl in enumerate(decls):
+            ids = jnp.asarray([prompt + decl])
+            lp = np.asarray(token_logprobs(nnx.merge(graphdef, params), ids,
+                                           jnp.arange(ids.shape[1])[None],
+                                           jnp.ones_like(ids, bool)))[0]
+            scores[q, m] = lp[len(prompt) + 3: len(prompt) + len(decl) - 3].sum()
+            firsts[q, m] = lp[len(prompt) + 3]
+    pi = np.exp(scores) / np.exp(scores).sum(1, keepdims=True)
+    _, metrics = trainer._support_grad(trainer.state.params, sb, jnp.float32(0.8), 5)
+    f = np.array(forced)
+    for m, name in enumerate(losses.MODES):
+        assert float(metrics[f"mode/pibar_all_{name}"]) == pytest.approx(pi[:, m].mean(), rel=1e-4)
+        assert float(metrics[f"forced/pi_{name}"]) == pytest.approx(pi[f, m].mean(), rel=1e-4)
+        assert float(metrics[f"free/pi_{name}"]) == pytest.approx(pi[~f, m].mean(), rel=1e-4)
+        assert float(metrics[f"mode/pi1_{name}"]) == pytest.approx(
+            np.exp(firsts[:, m]).mean(), rel=1e-4)
+    entropy = -(pi * np.log(pi)).sum(1).mean()
+    assert float(metrics["mode/entropy_mean"]) == pytest.approx(entropy, rel=1e-4)
+
+
+def test_an_arm_without_queries_has_no_mode_distribution():
+    scores = jnp.log(jnp.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]))
+    out = losses.mode_probability_metrics(scores, scores, jnp.array([False, False]))
+    assert float(out["free/pi_agentic"]) == pytest.approx(0.525)
+    assert np.isnan(float(out["forced/pi_agentic"]))
+    assert float(out["mode/pi1_single"]) == pytest.approx(0.3)
+
+
 def test_constrained_support_scores_the_grammar_choice():
     """With `constrained`, a declaration scores what a `Grammar.choice` sampler draws: the
     mode word's first token against the three first tokens (softmax over the model's own

@@ -10,7 +10,9 @@ rows come from `eval.evaluate`):
    training loop grades a single-mode answer (the reply is the answer: its `<answer>` body,
    `\\boxed{}` or last line; code rows try its programs) ->
    `correct[r, w]`, `infra[r, w]` (call failed or grading raised: never a wrong answer),
-   `cost_usd[r, w] = (in × p_in + out × p_out) / 1e6` (`routing.pricing`).
+   `cost_usd[r, w] = (in × p_in + out × p_out) / 1e6` at the pool's price table
+   (`routing.pricing.pool_prices`: a channel file's prices, the reference table for the
+   simulated pool).
    The pool is any `WorkerPool`; a caching pool (record/replay) makes reruns free.
 2. Routers pick one worker per record:
    - `RandomRouter(seed)`: uniform, from a hash of (seed, sample_id): reproducible, order-free.
@@ -53,6 +55,7 @@ from jax_routeweaver.routing.pricing import (
     REFERENCE_PRICES,
     Prices,
     billable_tokens,
+    pool_prices,
     trajectory_cost,
     verify_pool,
 )
@@ -192,13 +195,15 @@ def _check_records(records: Sequence[Record], what: str) -> None:
 
 async def acollect_worker_outcomes(
         records: Iterable[Record], pool: WorkerPool, *, workers: Sequence[str] | None = None,
-        prices: Prices = REFERENCE_PRICES, max_tokens: int | None = None,
+        prices: Prices | None = None, max_tokens: int | None = None,
         concurrency: int = 16, grade_concurrency: int = 2,
         code_scorer: CodeScorerMode = "union") -> WorkerOutcomes:
     """Call every worker once per record through `pool` and grade each reply (module doc, 1).
 
     `workers`: default all of `pool.worker_ids()`, in catalog order; every one must be priced
-    in `prices` (PricingError otherwise: a baseline's cost must never read as free). At most
+    in `prices` (default: the pool's own table, `pricing.pool_prices`: a channel file's
+    prices, the reference table for the simulated pool; PricingError otherwise: a
+    baseline's cost must never read as free). At most
     `concurrency` calls are in flight and `grade_concurrency` gradings run in threads (code
     verdicts run programs in child processes). A failed call is an infra cell, not wrong.
     """
@@ -210,6 +215,7 @@ async def acollect_worker_outcomes(
     if unknown or not workers:
         raise ValueError(f"collect_worker_outcomes: workers {list(workers)} must be a "
                          f"non-empty subset of the pool's {offered}")
+    prices = pool_prices(pool) if prices is None else prices
     verify_pool(workers, prices)
     if concurrency < 1 or grade_concurrency < 1:
         raise ValueError("collect_worker_outcomes: concurrency and grade_concurrency must be "
@@ -572,7 +578,7 @@ async def aevaluate_baselines(
         train_records: Sequence[Record], eval_records: Sequence[Record], pool: WorkerPool, *,
         routers: Sequence[str] = BASELINE_NAMES, outcomes: WorkerOutcomes | None = None,
         embedder: Embedder | None = None, workers: Sequence[str] | None = None,
-        prices: Prices = REFERENCE_PRICES, largest_worker: str | None = None, seed: int = 0,
+        prices: Prices | None = None, largest_worker: str | None = None, seed: int = 0,
         k: int = 10, lambda_cost: float = 0.0, mlp_steps: int = 300,
         max_tokens: int | None = None, concurrency: int = 16
         ) -> dict[str, list[dict[str, Any]]]:
@@ -580,7 +586,9 @@ async def aevaluate_baselines(
 
     `routers`: names from `BASELINE_NAMES`. `outcomes`: reuse collected outcomes (must cover
     the eval records, and the training records when "knn"/"mlp" run); else they are collected
-    through `pool`. `embedder`: default the bundled all-MiniLM-L6-v2 (`models.sentence_encoder`).
+    through `pool`. `prices`: the table calls bill at and "largest" ranks by (default: the
+    pool's own, `pricing.pool_prices`). `embedder`: default the bundled all-MiniLM-L6-v2
+    (`models.sentence_encoder`).
     Raises ValueError if train and eval share a sample_id or question.
     """
     train_records, eval_records = list(train_records), list(eval_records)
@@ -593,6 +601,7 @@ async def aevaluate_baselines(
         _check_records(train_records, "train records")
         _check_disjoint(train_records, eval_records)
     needed = eval_records + (train_records if learned else [])
+    prices = pool_prices(pool) if prices is None else prices
     if outcomes is None:
         outcomes = await acollect_worker_outcomes(needed, pool, workers=workers, prices=prices,
                                                   max_tokens=max_tokens,

@@ -5,7 +5,10 @@ per question, verdicts from the real scorers (the benchmark verdict `correct`, n
 training reward: a correct answer that ended in a violation counts as correct). The
 ``model`` (dtypes, runtime options), ``rollout``, ``workers`` and ``reward`` sections of the
 training config are used as in training (`rl.loop`'s builders), with the router's sampling
-made greedy. Forcing a mode
+made greedy; worker calls bill at the pool's price table (`pricing.pool_prices`: a channel
+file's prices, the reference table for the simulated pool), and the pool is checked before
+anything is written (`rl.pool_check`: every offered worker priced; unless the run only
+replays, keys set and endpoints serving the configured models). Forcing a mode
 (`EvalOptions.force_mode`) injects the declaration the way the curriculum's forced arm
 does, which gives the fixed-paradigm baselines. ``rollout.dialect: router_r1`` evaluates a
 Router-R1 router (its dialect and scorer; cost in Router-R1's own prices, as in training).
@@ -71,11 +74,12 @@ from jax_routeweaver.rl.loop import (
     reward_config,
     stop_ids,
 )
+from jax_routeweaver.rl.pool_check import check_run_pool
 from jax_routeweaver.rl.sidecar import Sidecar
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
 from jax_routeweaver.routing.episode import run_episodes_async
-from jax_routeweaver.routing.pricing import REFERENCE_PRICES, billable_tokens
+from jax_routeweaver.routing.pricing import WorkerPrice, billable_tokens, pool_prices
 from jax_routeweaver.routing.replay import (
     REPLAY_MODES,
     ReplayMode,
@@ -286,19 +290,30 @@ class CatalogOnlyPool:
     def description(self, worker: str) -> str:
         return self.channels.channel(worker).description
 
+    def prices(self) -> dict[str, WorkerPrice]:
+        """The channel file's prices (`pricing.pool_prices`), as the live pool's."""
+        return self.channels.prices()
+
     async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
                    ) -> WorkerCall:
         raise RuntimeError(f"{self.channels.path}: a replay-only pool cannot call {worker}")
 
 
 def build_eval_pool(cfg: TrainConfig, records: list[Record], options: EvalOptions,
-                    pool: WorkerPool | None = None) -> ReplayPool:
+                    pool: WorkerPool | None = None, *, check: bool = True) -> ReplayPool:
     """The workers wrapped in the record/replay cache: the given `pool`, the simulated pool
     over the evaluation questions (deterministic: a reply depends only on seed, worker and
     payload, so no temperature), or the channel file's endpoints at the evaluation worker
-    temperature. Router-R1 sees the simulated replies without tags, as in training."""
+    temperature. Router-R1 sees the simulated replies without tags, as in training.
+
+    Without a given `pool` and with `check`, the config's pool is checked first
+    (`check_run_pool`; an offline replay calls no endpoint, so only prices are checked):
+    PoolCheckError naming the worker. The calls bill at `pricing.pool_prices` of the result.
+    """
     identify = None
     secrets: list[str] = []
+    if pool is None and check:
+        check_run_pool(cfg, network=options.replay != "replay")
     if pool is None and cfg.workers.pool != "simulated":
         channels = load_channels(cfg.workers.pool)
         identify = http_identity(channels, temperature=options.worker_temperature)
@@ -392,10 +407,11 @@ class _Runner:
 
     def run(self, batch: list[Record]) -> tuple[list[Any], list[Any]]:
         """(trajectories, rewards) of one episode per record, in order."""
-        # Router-R1 costs its calls with its own price table (in its scorer), as in training.
+        # Router-R1 costs its calls with its own price table (in its scorer), as in training;
+        # the others at the pool's table (the channel file's, or the reference's).
         trajs = self.loop.run_until_complete(run_episodes_async(
             batch, self.sampler, self.pool, self.make_env,
-            prices=None if self.router_r1 else REFERENCE_PRICES))
+            prices=None if self.router_r1 else pool_prices(self.pool)))
         if self.r1_scorer is not None:
             rewards, _ = self.r1_scorer.score(trajs)
         else:
@@ -454,13 +470,17 @@ class Evaluator:
     worker temperature; cache "" = ``base.out_dir``/worker_cache.jsonl); each
     `evaluate(options)` may change only ``out_dir``, ``force_mode``, ``name``, ``limit`` and
     ``progress``. `eval_sets`: already loaded sets to use instead of loading ``base.sets``
-    with `cfg` (so routers of other configs see the very same questions). The model loads
-    on the first evaluation with work to do. Use as a context manager, or call `close`."""
+    with `cfg` (so routers of other configs see the very same questions). Without a given
+    `pool`, the config's pool is checked first, before anything is loaded or written
+    (`check_run_pool`; PoolCheckError naming the worker). The model loads on the first
+    evaluation with work to do. Use as a context manager, or call `close`."""
 
     SHARED = ("checkpoint", "sets", "replay", "cache", "batch_size", "worker_temperature")
 
     def __init__(self, cfg: TrainConfig, base: EvalOptions, *, pool: WorkerPool | None = None,
                  eval_sets: Sequence[EvalSet] | None = None, console: Console | None = None):
+        if pool is None:  # before anything is loaded or written
+            check_run_pool(cfg, network=base.replay != "replay")
         self.cfg, self.base, self.console = cfg, base, console or Console()
         self.ckpt = resolve_checkpoint(base.checkpoint)
         self.sets = list(eval_sets) if eval_sets is not None else load_sets(base.sets, cfg)
@@ -486,7 +506,8 @@ class Evaluator:
     def _live(self) -> tuple[_Runner, ReplayPool]:
         if self._runner is None:
             options = dataclasses.replace(self.base, cache=self.cache)
-            self._wrapped = build_eval_pool(self.cfg, self.records, options, self._pool)
+            self._wrapped = build_eval_pool(self.cfg, self.records, options, self._pool,
+                                            check=False)  # checked in __init__
             self._runner = _Runner(self.cfg, self.ckpt, self.records, self._wrapped,
                                    self.batch_size, Path(self.base.out_dir))
         assert self._wrapped is not None

@@ -71,7 +71,7 @@ from jax_routeweaver.rl.loop import (
 )
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.episode import Trajectory, run_episodes_async
-from jax_routeweaver.routing.pricing import REFERENCE_PRICES
+from jax_routeweaver.routing.pricing import pool_prices
 from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
 
 MODES: tuple[str, ...] = FORCED_MODES  # single, multi, agentic: the order ties resolve in
@@ -454,7 +454,10 @@ def measure_favourites(cfg: TrainConfig, *, checkpoint: str | None = None,
     first of the run's training questions, `build_records`); `samples`: episodes per
     question and mode; `seed`: the router's sampling seed (batch b reseeds with
     ``seed * 1_000_003 + b``). Episodes run in batches of about ``data.batch_size ×
-    data.group_size``. ValueError (`check_options`) before anything is built."""
+    data.group_size``; worker calls bill at the pool's table (`pricing.pool_prices`: the
+    channel file's prices, the reference's for the simulated pool). ValueError
+    (`check_options`) before anything is built; PoolCheckError (`rl.pool_check`, through
+    `build_pool`) naming a worker that is unpriced, unreachable or not serving its model."""
     check_options(cfg, per_domain=per_domain, samples=samples)
     console = console or Console()
     records = build_records(cfg, console)
@@ -481,6 +484,7 @@ def measure_favourites(cfg: TrainConfig, *, checkpoint: str | None = None,
     alpha = float(cfg.reward.alpha)
     reward_cfg = reward_config(cfg)
     make_env = routeweaver_envs(tokenizer, pool, env_config(cfg, eos))
+    prices = pool_prices(pool)  # the channel file's, or the reference table (simulated)
 
     work = [q.replace(forced_mode=mode) for mode in MODES for q in questions]
     per_batch = max(1, cfg.data.batch_size * cfg.data.group_size // samples)
@@ -500,7 +504,7 @@ def measure_favourites(cfg: TrainConfig, *, checkpoint: str | None = None,
             for index, batch in enumerate(plan):
                 sampler.reseed(seed * SEED_STRIDE + index)
                 trajs = events.run_until_complete(run_episodes_async(
-                    batch, sampler, pool, make_env, repeats=samples, prices=REFERENCE_PRICES))
+                    batch, sampler, pool, make_env, repeats=samples, prices=prices))
                 rewards = score_batch(trajs, reward_cfg, workers=cfg.reward.score_workers)
                 rows += [episode_row(t, rw, mode=str(t.record.forced_mode), alpha=alpha)
                          for t, rw in zip(trajs, rewards, strict=True)]

@@ -6,9 +6,13 @@
 * the router's architecture (its HF ``config.json``, or the random-init fields);
 * the per-device memory of one update and one logprob pass, compiled for these devices with
   abstract arrays (`rl.plan`) — on a TPU or GPU host this is the real compiler's analysis;
-* every endpoint the run would call: each worker of the channel file (``GET {base_url}
-  /models``) and an attached vLLM sidecar (``GET /health``); an API key named by a channel
-  must be set (its value is never printed or sent anywhere but that endpoint);
+* the worker pool, checked as the run checks it before step 1 (`rl.pool_check`): every
+  offered worker priced in the run's table (the channel file's prices, the reference table
+  for the simulated pool, Router-R1's for a router_r1 run), and for a channel pool each
+  offered worker's endpoint reachable (``GET {base_url}/models``) and serving its configured
+  model name; an API key named by a channel must be set (its value is never printed or sent
+  anywhere but that endpoint). A simulated pool's workers are listed only when one fails;
+* an attached vLLM sidecar (``GET /health``);
 * the inputs it would read: the data file, the HF model directory, the state
   ``checkpoint.init_from`` starts from.
 
@@ -25,12 +29,14 @@ from typing import Any
 import httpx
 import jax
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, latest_step
 from jax_routeweaver.rl.plan import GIB, HEADROOM, MemoryPlan, Target, config_shape, plan_config
+from jax_routeweaver.rl.pool_check import pool_checks
 from jax_routeweaver.rl.step_plan import (
     RolloutSettings,
     RolloutShape,
@@ -40,7 +46,6 @@ from jax_routeweaver.rl.step_plan import (
     step_plan,
 )
 from jax_routeweaver.rl.train_config import RANDOM_INITS, TrainConfig
-from jax_routeweaver.routing.workers import load_channels
 
 QWEN3_VOCAB = 151_936
 
@@ -110,21 +115,14 @@ def input_checks(cfg: TrainConfig) -> list[Check]:
 
 def endpoint_checks(cfg: TrainConfig, *, timeout_s: float = 5.0,
                     env: dict[str, str] | None = None) -> list[Check]:
-    """Reachability of every endpoint the run calls (see the module docstring)."""
+    """The worker pool's checks (`rl.pool_check.pool_checks`, the run's own: prices, keys,
+    endpoints and served model names; a simulated pool's only when they fail) and the
+    reachability of an attached vLLM sidecar (see the module docstring)."""
     env = dict(os.environ) if env is None else env
-    checks = []
-    if cfg.workers.pool != "simulated":
-        channels = load_channels(cfg.workers.pool)
-        for c in channels.channels:
-            headers = {}
-            if c.api_key_env:
-                key = env.get(c.api_key_env)
-                if not key:
-                    checks.append(Check(c.worker, c.base_url, False,
-                                        f"environment variable {c.api_key_env} is not set"))
-                    continue
-                headers["Authorization"] = f"Bearer {key}"
-            checks.append(_get(c.worker, f"{c.base_url}/models", headers, timeout_s))
+    simulated = cfg.workers.pool == "simulated"
+    checks = [Check(c.worker, c.where, c.ok, c.detail)
+              for c in pool_checks(cfg, timeout_s=timeout_s, env=env)
+              if not (simulated and c.ok)]
     if cfg.rollout.sampler == "vllm" and cfg.rollout.vllm.url:
         checks.append(_get("vllm sidecar", f"{cfg.rollout.vllm.url.rstrip('/')}/health", {},
                            timeout_s))
@@ -184,8 +182,13 @@ def dry_run(cfg: TrainConfig, console: Console, *, plan: bool = True,
     if checks:
         table = Table("input / endpoint", "where", "ok", "detail")
         for c in checks:
-            table.add_row(c.what, c.target, "yes" if c.ok else "NO", c.detail)
+            table.add_row(escape(c.what), escape(c.target), "yes" if c.ok else "NO",
+                          escape(c.detail))
         console.print(table)
+        for c in checks:  # whole, unwrapped lines: what failed, where, and why
+            if not c.ok:
+                console.print(f"FAILED {c.what} ({c.target}): {c.detail}", markup=False,
+                              highlight=False, soft_wrap=True)
         ok &= all(c.ok for c in checks)
     else:
         console.print("endpoints: none (simulated workers, in-process sampler)")

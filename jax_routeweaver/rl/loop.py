@@ -38,7 +38,7 @@ from jax_routeweaver.models.tokenizer import (
     prune_tokenizer,
 )
 from jax_routeweaver.rewards.reward import RewardConfig, score_batch
-from jax_routeweaver.rl import curriculum, distributed, stand_in
+from jax_routeweaver.rl import curriculum, distributed, ppo, stand_in
 from jax_routeweaver.rl import router_r1_run as r1run
 from jax_routeweaver.rl.batch import (
     check_query_groups,
@@ -52,7 +52,9 @@ from jax_routeweaver.rl.checkpoint import (
     list_steps,
     restore_policy,
 )
+from jax_routeweaver.rl.critic import Critic
 from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
+from jax_routeweaver.rl.pool_check import check_run_pool, run_price_table_version
 from jax_routeweaver.rl.provenance import provenance
 from jax_routeweaver.rl.replica import HostReplicas
 from jax_routeweaver.rl.run_log import Progress, RunLogger, plot_run, read_metrics, summary_table
@@ -62,7 +64,7 @@ from jax_routeweaver.rl.trainer import Trainer, support_batch
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.episode import EpisodeStats, run_episodes_async
-from jax_routeweaver.routing.pricing import C_REF_USD, REFERENCE_PRICES, load_cost_ref
+from jax_routeweaver.routing.pricing import C_REF_USD, load_cost_ref, pool_prices
 from jax_routeweaver.routing.routeweaver_env import NO_CANDIDATE_ANSWER, EnvConfig, routeweaver_envs
 from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
 from jax_routeweaver.routing.workers import HttpWorkerPool, load_channels
@@ -180,7 +182,7 @@ def stand_in_path(cfg: TrainConfig, mesh: Any, tokenizer: Any, records: Sequence
         raise ValueError("model.init: stand-in needs the run's questions to distil on")
     contexts = None
     if cfg.model.stand_in.worker_weight > 0:
-        pool = build_pool(cfg, list(records))
+        pool = build_pool(cfg, list(records), check=False)  # train() checked it
         config = random_config(cfg, tokenizer)
         make_env = routeweaver_envs(tokenizer, pool, env_config(cfg, config.eos_token_id))
         offered = len(cfg.workers.offered) or len(pool.worker_ids())
@@ -220,7 +222,15 @@ def build_records(cfg: TrainConfig, console: Console) -> list[Record]:
     return records
 
 
-def build_pool(cfg: TrainConfig, records: list[Record]) -> Any:
+def build_pool(cfg: TrainConfig, records: list[Record], *, check: bool = True) -> Any:
+    """The run's worker pool, checked first (`rl.pool_check.check_run_pool`: every offered
+    worker priced in the run's table; a channel pool's keys set and its endpoints reachable
+    and serving the configured model names): PoolCheckError naming the worker otherwise,
+    before the pool (or anything after it) is built. Its calls bill at `pool_prices(pool)`:
+    the channel file's prices, the reference table for the simulated pool. `check` False:
+    the caller checked already (`train` does, before the run directory is made)."""
+    if check:
+        check_run_pool(cfg)
     w = cfg.workers
     if w.pool == "simulated":
         # A SIMULATION of the paid worker APIs (see routing/simulated.py).
@@ -239,7 +249,7 @@ def c_ref(cfg: TrainConfig) -> float:
     try:
         return float(text)
     except ValueError:
-        return load_cost_ref(text)
+        return load_cost_ref(text, price_table_version=run_price_table_version(cfg))
 
 
 def reward_config(cfg: TrainConfig) -> RewardConfig:
@@ -296,7 +306,7 @@ class _Run:
         self.out = Path(cfg.out_dir)
         self.records = build_records(cfg, console)
         self.router_r1 = cfg.rollout.dialect == "router_r1"
-        self.pool = build_pool(cfg, self.records)
+        self.pool = build_pool(cfg, self.records, check=False)  # train() checked it
         if self.router_r1:
             self.pool = r1run.router_r1_pool(self.pool)
         self.tokenizer = build_tokenizer(cfg, self.records, self.pool)
@@ -341,7 +351,10 @@ class _Run:
         self.trainer = Trainer(model, cfg.optim, loss,
                                temperature=cfg.rollout.temperature, mesh=self.mesh,
                                seed=cfg.seed)
-        del model  # the sampler and the trainer hold their own copies
+        # Router-R1's PPO: a critic started from the policy's initial weights (§4.1).
+        self.critic = Critic(model, cfg.algo.critic, batching=self.trainer) \
+            if cfg.algo.estimator == "ppo_gae" else None
+        del model  # the sampler, the trainer and the critic hold their own copies
         # Router-R1: one cost window for the whole run, saved with the full train state.
         self.r1_scorer: r1run.RouterR1Scorer | None = None
         if self.router_r1:
@@ -378,6 +391,21 @@ class _Run:
         self.recorded = True
 
     # -------------------------------------------------------------- resume
+    @property
+    def train_state(self) -> Any:
+        """What a full checkpoint saves: the policy's train state, and the critic's with
+        ``ppo_gae``."""
+        if self.critic is None:
+            return self.trainer.state
+        return {"policy": self.trainer.state, "critic": self.critic.state}
+
+    @train_state.setter
+    def train_state(self, state: Any) -> None:
+        if self.critic is None:
+            self.trainer.state = state
+        else:
+            self.trainer.state, self.critic.state = state["policy"], state["critic"]
+
     def resume(self) -> bool:
         """Continue from the latest full train state in the run directory, if any (else
         start from ``checkpoint.init_from``'s, when given; that is not a resume). Everything
@@ -388,7 +416,7 @@ class _Run:
             if self.cfg.checkpoint.init_from:
                 self.start_from(Path(self.cfg.checkpoint.init_from))
             return False
-        state, loop, step = self.state_ckpt.restore(self.trainer.state)
+        state, loop, step = self.state_ckpt.restore(self.train_state)
         if self.r1_scorer is not None and r1run.WINDOW_KEY not in loop:
             raise ValueError(f"{self.state_ckpt.step_dir(step)}: the saved loop state has "
                              "no Router-R1 cost window (not a router_r1 run?)")
@@ -396,7 +424,7 @@ class _Run:
         self._load_sampler_shapes(loop)
         if self.r1_scorer is not None:
             self.r1_scorer.load_state_dict(loop[r1run.WINDOW_KEY])
-        self.trainer.state = state
+        self.train_state = state
         # Policy steps after the restored state belong to the abandoned attempt.
         self.policy_ckpt.delete_after(step)
         self.step = step
@@ -421,11 +449,11 @@ class _Run:
             if source.latest_step() is None:
                 raise FileNotFoundError(f"checkpoint.init_from: {state_dir} has no full "
                                         "train-state checkpoint")
-            state, loop, step = source.restore(self.trainer.state)
+            state, loop, step = source.restore(self.train_state)
         if step >= self.cfg.steps:
             raise ValueError(f"checkpoint.init_from: {state_dir} is at step {step}, not "
                              f"before this run's steps={self.cfg.steps}")
-        self.trainer.state = state
+        self.train_state = state
         self._load_sampler_shapes(loop)
         for _ in range(step):  # the data position of a run that trained `step` batches
             next(self.iterator)
@@ -453,7 +481,7 @@ class _Run:
                 # Router-R1 costs calls with its own price table (in its reward).
                 trajs = self.events.run_until_complete(run_episodes_async(
                     share, self.sampler, self.pool, self.make_env, repeats=batch.group_size,
-                    stats=stats, prices=None if self.router_r1 else REFERENCE_PRICES))
+                    stats=stats, prices=None if self.router_r1 else pool_prices(self.pool)))
                 if rt.num_processes > 1:
                     trajs = merge_host_shares(distributed.allgather_objects(trajs),
                                               batch.group_size)
@@ -489,8 +517,15 @@ class _Run:
         packed = pack_rollouts(trajs, rewards, group_size=batch.group_size, pad_id=self.pad_id,
                                row_multiple=self.trainer.row_multiple())
         estimator = cfg.algo.estimator
-        adv = compute_advantages(packed, estimator, alpha=cfg.reward.alpha)
-        mmask = mode_mask(packed, estimator)
+        if self.critic is not None:
+            adv, mmask = None, np.zeros_like(packed.response_mask)
+            ppo_in, ppo_metrics = self.ppo_step(packed)
+            token_adv, old_logp = ppo_in.advantages, ppo_in.old_logp
+        else:
+            adv = compute_advantages(packed, estimator, alpha=cfg.reward.alpha)
+            mmask = mode_mask(packed, estimator)
+            token_adv, old_logp, ppo_metrics = packed.gather(
+                np.asarray(adv.token_advantages)), None, {}
         # Router-R1 has no forced arm (check_train_config keeps its curriculum off).
         rho = 0.0 if self.router_r1 else curriculum.forced_ratio(batch.index,
                                                                  cfg.algo.exploration)
@@ -502,12 +537,12 @@ class _Run:
                                     chunk=cfg.algo.loss.support_chunk,
                                     span=cfg.algo.mode_score_span,
                                     max_prompt=cfg.algo.support_max_prompt,
-                                    constrained=cfg.rollout.constrained)
+                                    constrained=cfg.rollout.constrained,
+                                    forced=[r.forced_mode is not None for r in records])
         train_metrics = self.trainer.update(
             packed.tokens, packed.positions, packed.attention_mask, packed.policy_valid,
-            packed.gather(mmask), packed.gather(np.asarray(adv.token_advantages)),
-            packed.clean, index=packed.policy_index,
-            sampler_logp=packed.gather(packed.sampler_logp), support=support,
+            packed.gather(mmask), token_adv, packed.clean, index=packed.policy_index,
+            sampler_logp=packed.gather(packed.sampler_logp), old_logp=old_logp, support=support,
             support_rho=rho, num_queries=len(batch.records))
         times["time/update_s"] = time.perf_counter() - t
 
@@ -523,7 +558,7 @@ class _Run:
                 loop[SAMPLER_SHAPES_KEY] = self.sampler.shape_state()
             if self.r1_scorer is not None:
                 loop[r1run.WINDOW_KEY] = self.r1_scorer.state_dict()
-            self.state_ckpt.save(step, self.trainer.state, loop)
+            self.state_ckpt.save(step, self.train_state, loop)
         self.publish(step)
         times["time/checkpoint_s"] = time.perf_counter() - t
         if self.sidecar is not None:  # the sync's three parts: write, load, verify
@@ -533,11 +568,13 @@ class _Run:
         times["time/workers_s"] = stats.workers_s
 
         metrics = rollout_metrics(trajs, rewards, group_size=batch.group_size,
-                                  router_r1=r1_details)
-        metrics |= advantage_metrics(adv, forced=packed.forced, clean=packed.clean,
-                                     response_mask=packed.response_mask, mode_token_mask=mmask,
-                                     with_modes=not self.router_r1)
-        metrics |= train_metrics | times
+                                  router_r1=r1_details,
+                                  prices=None if self.router_r1 else pool_prices(self.pool))
+        if adv is not None:
+            metrics |= advantage_metrics(adv, forced=packed.forced, clean=packed.clean,
+                                         response_mask=packed.response_mask,
+                                         mode_token_mask=mmask, with_modes=not self.router_r1)
+        metrics |= ppo_metrics | train_metrics | times
         # Router-R1 has no curriculum, so no ρ to log (0 would read as "annealed").
         metrics |= {} if self.router_r1 else {"curriculum/rho": rho}
         metrics |= {"curriculum/batch_index": float(batch.index),
@@ -550,6 +587,20 @@ class _Run:
                     "update/length": float(packed.shape[1]),
                     "update/policy_width": float(packed.policy_index.shape[1])}
         return metrics
+
+    def ppo_step(self, packed: Any) -> tuple[ppo.PPOInputs, dict[str, float]]:
+        """``ppo_gae``: the batch's GAE advantages and old logprobs (`rl.ppo`), after which
+        the critic takes its step; returns them with the critic's and GAE's metrics."""
+        gae = self.cfg.algo.gae
+        inputs = ppo.ppo_inputs(self.trainer, self.critic, packed, gamma=gae.gamma,
+                                lam=gae.lam, kl_coef=gae.reward_kl_coef, whiten=gae.whiten)
+        critic = self.critic.update(packed.tokens, packed.positions, packed.attention_mask,
+                                    packed.policy_index, inputs.mask, inputs.returns,
+                                    inputs.values)
+        tokens = inputs.mask.astype(bool)
+        gae_adv = {"adv/gae_abs_mean": float(np.abs(inputs.advantages[tokens]).mean())} \
+            if tokens.any() else {}
+        return inputs, inputs.metrics | critic | gae_adv
 
     def plan(self, batch: QueryBatch) -> list[Record]:
         """The batch's records as its episodes run them: with the curriculum's forced modes
@@ -616,6 +667,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     main = runtime.is_main
     out = Path(cfg.out_dir)
     check_run_dir(cfg)
+    check_run_pool(cfg)  # before the run directory exists: a refused pool leaves nothing
     out.mkdir(parents=True, exist_ok=True)
     run = _Run(cfg, console, runtime)
     try:

@@ -384,6 +384,40 @@ def support_loss(
     return WeightedSum(loss, jnp.ones((), jnp.float32), lam), metrics
 
 
+def mode_probability_metrics(mode_scores: jax.Array, first_scores: jax.Array,
+                             forced: jax.Array) -> dict[str, jax.Array]:
+    """The policy's mode distribution from the support pass's teacher-forced scores (§6.10,
+    §6.14), per query ``π_M(·|x) = softmax(s)`` as in :func:`support_loss`.
+
+    Args: ``mode_scores [Q, 3]`` summed declaration log-probs; ``first_scores [Q, 3]`` the
+    log-prob of each declaration's first scored token; ``forced [Q]`` which queries the
+    curriculum forced this batch.
+
+    Returns ``mode/pibar_all_{m}`` (π̄ over all queries), ``mode/entropy_mean`` (mean over
+    queries of the entropy of π_M, nats), ``mode/pi1_{m}`` (mean over queries of the first
+    token's probability: how likely the next token starts declaration m), and
+    ``free/pi_{m}``, ``forced/pi_{m}`` (π̄ over the free / forced queries; NaN when there
+    are none, which the trainer drops)."""
+    chex.assert_shape([mode_scores, first_scores], (mode_scores.shape[0], len(MODES)))
+    probs = jax.nn.softmax(mode_scores.astype(jnp.float32), axis=-1)
+    entropy = -(probs * jnp.log(jnp.maximum(probs, SUPPORT_EPS))).sum(-1)
+    first = jnp.exp(first_scores.astype(jnp.float32))
+    forced = forced.astype(jnp.float32)[:, None]
+
+    def arm_mean(weight: jax.Array) -> jax.Array:
+        n = weight.sum()
+        return jnp.where(n > 0, (probs * weight).sum(0) / jnp.maximum(n, 1.0), jnp.nan)
+
+    arms = {"free": arm_mean(1.0 - forced), "forced": arm_mean(forced)}
+    out = {"mode/entropy_mean": entropy.mean()}
+    for i, name in enumerate(MODES):
+        out[f"mode/pibar_all_{name}"] = probs[:, i].mean()
+        out[f"mode/pi1_{name}"] = first[:, i].mean()
+        for arm, pi in arms.items():
+            out[f"{arm}/pi_{name}"] = pi[i]
+    return out
+
+
 def support_score_cotangent(
     mode_scores: jax.Array,
     *,

@@ -2,7 +2,10 @@
 
 Pure functions over plain Python objects and numpy arrays (jax arrays are accepted through
 ``np.asarray``); each returns ``dict[str, float]`` keyed by '/'-separated names, ready for
-`rl.run_log.RunLogger`.
+`rl.run_log.RunLogger`. The per-episode diagnostics (observation truncation, execution
+feedback, mask provenance, the forced arm per mode, cost coverage, ...) live in
+`rl.episode_metrics`, with the mode-label helpers both modules share; `rollout_metrics` logs
+them too.
 
 Conventions:
 - Mode labels are ``single``, ``multi``, ``agentic`` and ``invalid`` (a trajectory whose mode is
@@ -22,58 +25,43 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jax_routeweaver.rewards.reward import FAILURE_KINDS, Rewards
 from jax_routeweaver.rewards.router_r1_reward import RouterR1Reward
+from jax_routeweaver.rl.episode_metrics import (
+    INVALID,
+    MODE_LABELS,
+    MODES,
+    episode_diagnostics,
+    mode_label,
+)
+from jax_routeweaver.rl.episode_metrics import entropy as _entropy
+from jax_routeweaver.rl.episode_metrics import mean_or_none as _mean
+from jax_routeweaver.rl.episode_metrics import mode_shares as _shares
+from jax_routeweaver.rl.episode_metrics import put as _put
+from jax_routeweaver.rl.episode_metrics import zero_variance as _zero_variance
 from jax_routeweaver.routing.episode import Trajectory
+from jax_routeweaver.routing.pricing import Prices
 
 if TYPE_CHECKING:  # the numeric core imports jax; metrics only read its arrays
     from jax_routeweaver.rl.advantages import Advantages
 
-MODES = ("single", "multi", "agentic")
-INVALID = "invalid"
-MODE_LABELS = (*MODES, INVALID)
+__all__ = ["INVALID", "MODES", "MODE_LABELS", "NONZERO_ATOL", "R1_UNROUTED_NOTICES",
+           "advantage_metrics", "mode_label", "rollout_metrics", "router_r1_metrics",
+           "summarize_steps", "window_mean"]
+
 NONZERO_ATOL = 1e-6
 """|A| above this counts as non-zero: A_mode of a one-mode group is μ_m − μ, which float
 rounding may leave at ~1e-8 instead of an exact 0."""
 
 
-def mode_label(traj: Trajectory) -> str:
-    """The executed mode of a trajectory, ``invalid`` when none was declared."""
-    return traj.mode if traj.mode in MODES else INVALID
-
-
-def _mean(values: Iterable[float]) -> float | None:
-    values = list(values)
-    return sum(values) / len(values) if values else None
-
-
-def _put(out: dict[str, float], name: str, value: float | None) -> None:
-    """Set `name` unless the value is undefined (empty denominator)."""
-    if value is not None:
-        out[name] = float(value)
-
-
-def _shares(labels: Sequence[str]) -> dict[str, float]:
-    counts = Counter(labels)
-    return {m: counts[m] / len(labels) for m in MODE_LABELS}
-
-
-def _entropy(shares: Iterable[float]) -> float:
-    return -sum(p * math.log(p) for p in shares if p > 0)
-
-
-def _zero_variance(clean_rewards: Sequence[float]) -> bool:
-    return len(clean_rewards) <= 1 or len(set(clean_rewards)) == 1
-
-
 def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
-                    group_size: int, router_r1: Sequence[RouterR1Reward] | None = None
-                    ) -> dict[str, float]:
+                    group_size: int, router_r1: Sequence[RouterR1Reward] | None = None,
+                    prices: Prices | None = None) -> dict[str, float]:
     """Metrics of one rollout batch.
 
     `trajs` / `rewards` align row by row, in query-major order: rows ``[g·K, (g+1)·K)`` are the
@@ -81,8 +69,10 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
     otherwise; ``*_by_domain/{DOMAIN}`` keys use the `Domain` value (``MATH``, ...). See the
     module doc for the conventions (mode labels, free rows, missing keys). `router_r1`: the
     Router-R1 reward details of the same rows, for a Router-R1 batch (no mode keys; see
-    `router_r1_metrics`). Raises ValueError on misaligned inputs or a row count that is not a
-    multiple of `group_size`.
+    `router_r1_metrics`). `prices`: the run's price table (``cost/calls``). The episode
+    diagnostics (``obs/*``, ``exec/*``, ``mask/*``, ``m1/*``, ``stage2/*``, ...) are
+    `episode_metrics.episode_diagnostics`'. Raises ValueError on misaligned inputs or a row
+    count that is not a multiple of `group_size`.
     """
     n = len(trajs)
     if len(rewards) != n or (router_r1 is not None and len(router_r1) != n):
@@ -145,6 +135,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *,
         assert router_r1 is not None
         out.update(_violation_metrics([list(r.violations) for r in router_r1]))
         out.update(router_r1_metrics(trajs, router_r1))
+    out.update(episode_diagnostics(trajs, rewards, group_size=group_size,
+                                   with_modes=with_modes, prices=prices))
     return out
 
 

@@ -154,10 +154,14 @@ class ProgramMemory:
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     """One planned configuration. ``params`` / ``optimizer`` / ``reference``: bytes per
-    device of the train state's parts (from their shardings); ``update`` / ``logprobs``: the
-    two programs; ``peak``: the larger need, each program with what stays resident beside
-    it (the reference during the update; the policy and optimizer state during the
-    reference pass)."""
+    device of the train state's parts (from their shardings); ``critic``: the critic's
+    params and optimizer state with ``algo.estimator: ppo_gae`` (0 without a critic);
+    ``update`` / ``logprobs``: the two programs; ``peak``: the larger need, each program with
+    what stays resident beside it (the reference and the critic during the update; the
+    policy, optimizer state and critic during the reference pass). The critic's own update
+    is taken to need what the policy's does (the same backbone and rows; its head has one
+    output instead of the vocabulary) with the policy's state resident in place of its own,
+    which is the same size: the update phase covers it."""
 
     mesh: tuple[int, int, int]
     remat: str
@@ -171,11 +175,12 @@ class MemoryPlan:
     reference: int
     update: ProgramMemory
     logprobs: ProgramMemory
+    critic: int = 0
 
     @property
     def peak(self) -> int:
-        return max(self.update.peak + self.reference,
-                   self.logprobs.peak + self.params + self.optimizer)
+        return max(self.update.peak + self.reference + self.critic,
+                   self.logprobs.peak + self.params + self.optimizer + self.critic)
 
     def fits(self, memory_gib: float, headroom: float = HEADROOM) -> bool:
         return self.peak <= memory_gib * GIB * (1.0 - headroom)
@@ -191,7 +196,7 @@ class MemoryPlan:
             "rows_per_device": self.shape.rows_per_device,
             "support_queries": self.shape.support_queries,
             "params_gib": gib(self.params), "optimizer_gib": gib(self.optimizer),
-            "reference_gib": gib(self.reference),
+            "reference_gib": gib(self.reference), "critic_gib": gib(self.critic),
             "update": {k: gib(v) for k, v in _program_fields(self.update).items()}
             | {"compile_s": round(self.update.compile_s, 1)},
             "logprobs": {k: gib(v) for k, v in _program_fields(self.logprobs).items()}
@@ -231,13 +236,16 @@ def bytes_per_device(tree: Any) -> int:
 
 def memory_plan(model: ModelConfig, shape: StepShape, *, mesh_shape: Sequence[int],
                 devices: Sequence[jax.Device], optim: OptimConfig, loss: LossConfig,
-                temperature: float = 0.8, rules: Rules = TRAIN_RULES) -> MemoryPlan:
+                temperature: float = 0.8, rules: Rules = TRAIN_RULES,
+                critic: bool = False) -> MemoryPlan:
     """Compile one update and one logprob pass of ``model`` for ``shape`` on a mesh of
     ``devices`` (fake CPU devices are fine) and return their per-device memory. The
     micro-batch is ``shape.rows_per_device`` × the batch shards; ``loss``'s own
     ``micro_batch_size`` is replaced by it. With ``loss.group_by_length`` the same work runs
     as one call per micro-batch at its own length (at most ``shape.length``) and a separate
-    optimizer step, each holding less at once: this plan is then an upper bound."""
+    optimizer step, each holding less at once: this plan is then an upper bound. ``critic``:
+    the run trains a critic (``ppo_gae``), priced as a second copy of the params and their
+    AdamW state (see :class:`MemoryPlan`)."""
     mesh = make_mesh(tuple(mesh_shape), devices)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     micro = shape.rows_per_device * shards
@@ -277,7 +285,8 @@ def memory_plan(model: ModelConfig, shape: StepShape, *, mesh_shape: Sequence[in
         remat_groups=model.remat_groups, causal_parts=model.causal_parts, dtype=model.dtype,
         shape=shape, micro_batch=micro, params=bytes_per_device(params),
         optimizer=bytes_per_device(trainer.state.opt_state),
-        reference=bytes_per_device(trainer.ref_params), update=update_mem, logprobs=logp_mem)
+        reference=bytes_per_device(trainer.ref_params), update=update_mem, logprobs=logp_mem,
+        critic=bytes_per_device((params, trainer.state.opt_state)) if critic else 0)
 
 
 def _support_shapes(shape: StepShape, mesh: Mesh) -> SupportBatch:
@@ -347,4 +356,5 @@ def plan_config(cfg: Any, arch: ModelConfig, target: Target, shape: StepShape, *
     model = arch.replace(param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype, **runtime)
     return memory_plan(model, shape, mesh_shape=mesh or target.mesh,
                        devices=list(devices)[:target.devices], optim=cfg.optim,
-                       loss=cfg.algo.loss, temperature=cfg.rollout.temperature)
+                       loss=cfg.algo.loss, temperature=cfg.rollout.temperature,
+                       critic=cfg.algo.estimator == "ppo_gae")

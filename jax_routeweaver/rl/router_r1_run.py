@@ -5,7 +5,8 @@ What differs from a RouteWeaver run, and nothing else: episodes come from `route
 with one `CostWindow` owned by the run (saved in the full train state, so a resumed run keeps
 normalising costs against the same window, reference §3.5 / §4.7), and the rows handed to
 the estimator, the trainer and the metrics are the same `Rewards` a RouteWeaver step makes.
-The advantage is GRPO grouped by query with the global token-mean (enforced by
+The advantage is PPO's with a critic (``algo.estimator: ppo_gae``, `rl.ppo`; the paper's
+recipe) or GRPO grouped by query (``grpo_gated``), with the global token-mean (enforced by
 `check_train_config`); there is no curriculum, no mode token and no support loss.
 """
 
@@ -101,16 +102,20 @@ def routing_corpus(cfg: TrainConfig, records: Sequence[Record], pool: WorkerPool
 
 def as_rewards(traj: Trajectory, r: RouterR1Reward) -> rw.Rewards:
     """The row the estimator, trainer and metrics read. ``r_task`` is Router-R1's reward;
-    a trajectory with a failed worker call is infra (reward 0, not clean: dropped from the
-    gradient, as for every dialect here, where upstream would score its `None` observation).
+    a failed worker call is part of the episode, as upstream: the policy saw a `None`
+    observation, the call costs 0, and the row is scored and trained like any other
+    (`RouterR1Env.failed_call_is_infra`); only `traj.infra_failed` (a loop error) makes it
+    infra.
     ``correct`` is the outcome (EM = 1, or F1 > 0) whatever the format, as upstream reports
     EM; the format gate is in the reward. Failure kinds map onto RouteWeaver's, first match:
-    provider_error, parser_error (a format violation), correct, genuine_incorrect.
+    wrapper_error (a loop error), provider_error (other infra), parser_error (a format
+    violation), correct, genuine_incorrect.
     ``cost_usd`` is the raw cost (micro-dollars) in USD; an unknown cost (a worker's usage
     missing or implausible) makes the row infra too: its reward cannot be computed."""
     failed = sum(not c.success for c in traj.calls)
-    infra = traj.infra_failed or failed > 0 or r.raw_cost is None  # no reward without a cost
-    kind = rw.PROVIDER_ERROR if infra else rw.PARSER_ERROR if r.violations \
+    infra = traj.infra_failed or r.raw_cost is None  # no reward without a cost
+    kind = rw.WRAPPER_ERROR if rw.has_marker(traj, rw.WRAPPER_MARKERS) \
+        else rw.PROVIDER_ERROR if infra else rw.PARSER_ERROR if r.violations \
         else rw.CORRECT if r.correct else rw.GENUINE_INCORRECT
     return rw.Rewards(
         r_task=0.0 if infra else r.reward, r_eff=0.0, infra=infra, s_cost=r.cost_score,

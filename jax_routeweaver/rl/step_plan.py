@@ -11,6 +11,9 @@ pass) for real shapes. This module adds the rollout engine and prices the step a
 * **rollout**: the policy + optimizer state + reference (nothing is offloaded while rollouts
   run) + the engine's whole footprint (``RolloutMemory.resident``).
 
+A ``ppo_gae`` run's critic (params and optimizer state) is resident in all three
+(``TrainFigures.critic``; its own update is priced as the policy's, see ``plan.MemoryPlan``).
+
 The step's need is the largest phase; it fits when that is under ``1 - HEADROOM`` of the device
 and the engine can hold at least one full-length row (a row that cannot finish never ends).
 The rollout engine, per device, by ``rollout.sampler`` / ``rollout.kv_cache``:
@@ -446,7 +449,8 @@ def _vllm_memory(settings: RolloutSettings, arch: ModelConfig, shape: RolloutSha
 @dataclasses.dataclass(frozen=True)
 class TrainFigures:
     """What the whole-step plan needs of a compiled :class:`MemoryPlan` (bytes per device):
-    the train state's parts and the two programs' peaks; JSON round trip."""
+    the train state's parts (``critic``: a ppo_gae run's critic state, else 0) and the two
+    programs' peaks; JSON round trip."""
 
     mesh: tuple[int, int, int]
     remat_groups: int
@@ -456,16 +460,17 @@ class TrainFigures:
     update: int
     logprobs: int
     compile_s: float = 0.0
+    critic: int = 0
 
     @classmethod
     def of(cls, plan: MemoryPlan) -> TrainFigures:
         return cls(tuple(plan.mesh), plan.remat_groups, plan.params, plan.optimizer,
                    plan.reference, plan.update.peak, plan.logprobs.peak,
-                   round(plan.update.compile_s + plan.logprobs.compile_s, 1))
+                   round(plan.update.compile_s + plan.logprobs.compile_s, 1), plan.critic)
 
     @property
     def state(self) -> int:
-        return self.params + self.optimizer + self.reference
+        return self.params + self.optimizer + self.reference + self.critic
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "mesh": list(self.mesh)}
@@ -481,8 +486,9 @@ class TrainFigures:
 
 def phases(train: TrainFigures, rollout: RolloutMemory) -> dict[str, int]:
     """Bytes per device resident in each phase of the step (see the module docstring)."""
-    return {"update": train.update + train.reference + rollout.kept,
-            "reference": train.logprobs + train.params + train.optimizer + rollout.kept,
+    return {"update": train.update + train.reference + train.critic + rollout.kept,
+            "reference": train.logprobs + train.params + train.optimizer + train.critic
+            + rollout.kept,
             "rollout": train.state + rollout.resident}
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from jax_routeweaver.config import ConfigError, bounded, load_config
+from jax_routeweaver.rl.critic import CriticConfig
 from jax_routeweaver.rl.curriculum import ExplorationConfig, forced_ratio
 from jax_routeweaver.rl.trainer import LossConfig, OptimConfig
 from jax_routeweaver.routing import router_r1 as r1
@@ -236,7 +237,11 @@ class RolloutSection:
 @dataclasses.dataclass(frozen=True)
 class WorkersSection:
     """``pool``: "simulated" (a seeded stand-in for the paid worker APIs) or a channel
-    YAML (OpenAI-compatible endpoints; keys come from the env vars it names)."""
+    YAML (OpenAI-compatible endpoints; keys come from the env vars it names). Calls are
+    billed at the channel file's ``price`` entries (the simulated pool: the reference
+    table). Before step 1 of ``train``, ``eval`` and ``--dry-run`` the pool is checked
+    (`rl.pool_check`): every offered worker priced; with ``check_endpoints``, every key set
+    and every endpoint answering ``GET /models`` with the configured model names."""
 
     pool: str = "simulated"
     seed: int = bounded(0, _SEED)  # the simulated pool's seed
@@ -246,6 +251,9 @@ class WorkersSection:
     # worker ids offered to the router (catalog and grammar); empty: every pool worker. The
     # others stay registered: routing to one is the violation worker_not_offered
     offered: tuple[str, ...] = ()
+    # ask each endpoint for its model list before step 1; false only for an endpoint that
+    # serves no /models (its keys and names are then not checked)
+    check_endpoints: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,15 +284,30 @@ class RewardSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class GAESection:
+    """``algo.estimator: ppo_gae``'s advantages (`rl.gae`; Router-R1: γ = λ = 1, whitened,
+    reward-KL 0.001 with ``algo.loss.kl_coef: 0``). ``reward_kl_coef``: β of the per-token
+    penalty β·(logp − logp_ref) subtracted from the reward (0 = none)."""
+
+    gamma: float = bounded(1.0, "[0, 1]")  # discount per policy token
+    lam: float = bounded(1.0, "[0, 1]")  # GAE λ
+    whiten: bool = True  # whiten the advantages over the batch's training tokens
+    reward_kl_coef: float = bounded(0.001, "[0, inf)")
+
+
+@dataclasses.dataclass(frozen=True)
 class AlgoSection:
     """Estimator and curriculum. ``support`` turns the minimum-support loss on (weight
     ``exploration.support_lambda0 · ρ_b``, floor ``exploration.support_floor``);
     ``mode_score_span`` which declaration tokens it scores. ``rollout.dialect: router_r1``
-    needs grpo_gated, the global reduction, no support loss and no forced arm (it has no mode
-    tokens); PPO with a critic (Router-R1's own recipe) is not implemented."""
+    needs ``ppo_gae`` (Router-R1's PPO with a critic: ``critic``, ``gae``) or ``grpo_gated``,
+    the global reduction, no support loss and no forced arm (it has no mode tokens);
+    ``ppo_gae`` is for router_r1 only."""
 
-    estimator: Literal["grpo_gated", "comet_grpo", "comet_gdpo"] = "comet_grpo"
+    estimator: Literal["grpo_gated", "comet_grpo", "comet_gdpo", "ppo_gae"] = "comet_grpo"
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    gae: GAESection = dataclasses.field(default_factory=GAESection)
     exploration: ExplorationConfig = dataclasses.field(default_factory=ExplorationConfig)
     support: bool = True
     mode_score_span: Literal["content", "full"] = "content"
@@ -392,8 +415,16 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
         fail("model.path", "model.init: hf needs the Hugging Face checkpoint directory")
     if cfg.model.init != "hf" and cfg.model.path:
         fail("model.path", "only used with model.init: hf")
+    if cfg.algo.estimator != "ppo_gae":
+        for key, value, default in (("algo.critic", cfg.algo.critic, CriticConfig()),
+                                    ("algo.gae", cfg.algo.gae, GAESection())):
+            if value != default:
+                fail(key, "only used with algo.estimator: ppo_gae")
     if cfg.rollout.dialect == "router_r1":
         _check_router_r1(cfg, fail)
+    elif cfg.algo.estimator == "ppo_gae":
+        fail("algo.estimator", "ppo_gae (a critic and GAE, Router-R1's recipe) is for "
+             "rollout.dialect: router_r1; RouteWeaver splits its group advantage with COMET")
     else:
         for key, section, default in (
                 ("rollout.router_r1", cfg.rollout.router_r1, RouterR1Section()),
@@ -423,10 +454,10 @@ def _check_router_r1(cfg: TrainConfig, fail: Callable[[str, str], None]) -> None
     """Router-R1 has no mode tokens: its advantage is GRPO grouped by query with the global
     token-mean, and every mode-specific option is an error rather than silently ignored."""
     algo = cfg.algo
-    if algo.estimator != "grpo_gated":
+    if algo.estimator not in ("ppo_gae", "grpo_gated"):
         fail("algo.estimator", f"{algo.estimator!r} splits advantages at the mode tokens, "
-             "which rollout.dialect: router_r1 does not have; use grpo_gated (GRPO grouped by "
-             "query). PPO with a critic (Router-R1's GAE recipe) is not implemented")
+             "which rollout.dialect: router_r1 does not have; use ppo_gae (Router-R1's PPO "
+             "with a critic) or grpo_gated (GRPO grouped by query)")
     if algo.support:
         fail("algo.support", "the minimum-support loss scores mode declarations, which "
              "rollout.dialect: router_r1 does not have; set algo.support: false")

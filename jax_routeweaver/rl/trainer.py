@@ -29,6 +29,7 @@ same sum (global denominators), one compile per bucket instead of one per batch 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -151,7 +152,9 @@ class SupportBatch(NamedTuple):
     scored; ``query [C, R]`` / ``mode [C, R]`` which query and mode a row scores
     (``query = -1`` on padding rows). ``options [C, R, D, A]`` (or None): the tokens a
     constrained sampler could pick at each declaration position (-1 padded); with them a
-    declaration is scored under that constraint (:func:`choice_logprobs`)."""
+    declaration is scored under that constraint (:func:`choice_logprobs`). ``forced [Q]``
+    (or None: none): which queries the curriculum forced, for the ``free|forced/pi_*``
+    metrics."""
 
     tokens: jax.Array
     positions: jax.Array
@@ -161,6 +164,7 @@ class SupportBatch(NamedTuple):
     query: jax.Array
     mode: jax.Array
     options: jax.Array | None = None
+    forced: jax.Array | None = None
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
@@ -171,6 +175,16 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     chain.append(optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                              weight_decay=cfg.weight_decay))
     return optax.chain(*chain)
+
+
+def opt_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh | None) -> Any:
+    """Shardings of ``tx.init(params)``: each moment as its parameter, the rest (step
+    counts) replicated; None without a mesh (jit places them)."""
+    if mesh is None:
+        return None
+    replicated = NamedSharding(mesh, P())
+    return optax.tree_map_params(tx, lambda _, p: p.sharding, jax.eval_shape(tx.init, params),
+                                 params, transform_non_params=lambda _: replicated)
 
 
 class Trainer:
@@ -226,14 +240,7 @@ class Trainer:
         return self
 
     def _opt_shardings(self, params: Any) -> Any:
-        """Shardings of ``tx.init(params)``: each moment as its parameter, the rest
-        (step counts) replicated; None without a mesh (jit places them)."""
-        if self.mesh is None:
-            return None
-        replicated = NamedSharding(self.mesh, P())
-        return optax.tree_map_params(self.tx, lambda _, p: p.sharding,
-                                     jax.eval_shape(self.tx.init, params), params,
-                                     transform_non_params=lambda _: replicated)
+        return opt_shardings(self.tx, params, self.mesh)
 
     def _configure(self, graphdef: Any, optim: OptimConfig, loss: LossConfig,
                    temperature: float, mesh: Mesh | None, rules: Rules) -> None:
@@ -360,6 +367,9 @@ class Trainer:
                     trainer_logp = to_host(logp).reshape(n, -1)
         per_step = jax.tree.map(to_host, per_step)
         out = {k: float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
+        # An arm without queries this batch has no mode distribution (NaN): left out.
+        out = {k: v for k, v in out.items() if np.isfinite(v) or not k.startswith(
+            ("free/", "forced/"))}
         out["optim/steps"] = float(len(per_step))
         if sampler_logp is not None:
             # The sampler ran the pre-update params: compare with the trainer's logprobs of
@@ -537,7 +547,7 @@ class Trainer:
         (§6.10): forward all chunks, the cotangent of the scores, then one VJP per chunk."""
         cfg = self.loss_cfg
 
-        def chunk_scores(p: Any, chunk: tuple[jax.Array, ...]) -> jax.Array:
+        def chunk_logp(p: Any, chunk: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
             tokens, positions, mask, index, span, *options = chunk
             # The reference scores declarations with the plain forward (temperature 1); a
             # constrained sampler draws the mode from the grammar's options only.
@@ -547,13 +557,23 @@ class Trainer:
                                      batch_sharding=self._row_sharding(tokens))
             else:
                 lp = self._policy_logp(p, tokens, positions, mask, index, temperature=1.0)
+            return lp, span
+
+        def chunk_scores(p: Any, chunk: tuple[jax.Array, ...]) -> jax.Array:
+            lp, span = chunk_logp(p, chunk)
             return (lp * span).sum(-1)  # [R] summed declaration logprobs
+
+        def chunk_both(chunk: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
+            lp, span = chunk_logp(params, chunk)
+            first = jax.nn.one_hot(jnp.argmax(span > 0, axis=-1), span.shape[-1])
+            return (lp * span).sum(-1), (lp * first).sum(-1)  # [R] sum, first scored token
 
         chunks = (sb.tokens, sb.positions, sb.attention_mask, sb.index, sb.span)
         if sb.options is not None:
             chunks += (sb.options,)
-        row_scores = jax.lax.map(lambda c: chunk_scores(params, c), chunks)  # [C, R]
+        row_scores, row_first = jax.lax.map(chunk_both, chunks)  # [C, R] each
         scores = _scatter_scores(row_scores, sb.query, sb.mode, num_queries)
+        first = _scatter_scores(row_first, sb.query, sb.mode, num_queries)
         _, cot = losses.support_score_cotangent(scores, rho=rho, lambda0=cfg.support_lambda0,
                                                 floor=cfg.support_floor)
         row_cot = jnp.where(sb.query >= 0, cot[jnp.maximum(sb.query, 0), sb.mode], 0.0)
@@ -568,6 +588,8 @@ class Trainer:
         grads, _ = jax.lax.scan(body, zeros, (*chunks, row_cot))
         _, metrics = losses.support_loss(scores, rho=rho, lambda0=cfg.support_lambda0,
                                          floor=cfg.support_floor)
+        forced = jnp.zeros(num_queries, bool) if sb.forced is None else sb.forced
+        metrics |= losses.mode_probability_metrics(scores, first, forced)
         return grads, metrics
 
     def _policy_grads(self, params: Any, batch: StepBatch, counts: losses.SegmentCounts,
@@ -661,7 +683,8 @@ def sampler_gap(sampler_logp: np.ndarray, trainer_logp: np.ndarray,
 
 def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pad_id: int,
                   chunk: int = 12, span: str = "content", max_prompt: int = 2048,
-                  length_multiple: int = 64, constrained: bool = False) -> SupportBatch:
+                  length_multiple: int = 64, constrained: bool = False,
+                  forced: Sequence[bool] | None = None) -> SupportBatch:
     """Host-side support rows: for each query prompt (its last ``max_prompt`` tokens) and
     each of the three declaration token lists, one row ``prompt + declaration``.
 
@@ -672,7 +695,8 @@ def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pa
     continue some declaration there (``SupportBatch.options``), not the whole vocabulary.
     Unconstrained, a two-token word (``ag`` + ``entic``) scores far below a one-token word
     for a model that the grammar lets pick it as often; the support term then pushes
-    ``ag`` up long after the sampler already picks agentic everywhere.
+    ``ag`` up long after the sampler already picks agentic everywhere. ``forced``: one flag
+    per prompt, whether the curriculum forced that query (``SupportBatch.forced``).
     """
     if len(declarations) != len(losses.MODES):
         raise ValueError(f"need {len(losses.MODES)} declarations, got {len(declarations)}")
@@ -714,9 +738,12 @@ def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pa
             options[i, :len(declarations[m])] = per_mode[m]
     c = n // chunk
     shape = lambda a: jnp.asarray(a.reshape(c, chunk, *a.shape[1:]))
+    if forced is not None and len(forced) != len(prompts):
+        raise ValueError(f"{len(forced)} forced flags for {len(prompts)} prompts")
     return SupportBatch(shape(tokens), shape(positions), shape(mask), shape(index),
                         shape(span_m), shape(query), shape(mode),
-                        None if options is None else shape(options))
+                        None if options is None else shape(options),
+                        None if forced is None else jnp.asarray(forced, bool))
 
 
 def _choice_options(sequences: list[list[int]], k: int) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -23,6 +24,18 @@ from jax_routeweaver.data.records import Record
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
 from jax_routeweaver.routing.pricing import CostSummary, Prices, trajectory_cost
 from jax_routeweaver.sampling.base import Completion, Sampler, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# `Trajectory.token_source` values.
+SOURCE_ENV = 0
+SOURCE_POLICY = 1
+SOURCE_FORCED = 2
+
+LOOP_ERROR = "loop_error"
+# Exceptions of an env call that end the run rather than the trajectory: a broken install is
+# no per-row failure. An env adds its own with `Env.fatal_errors`.
+FATAL_ERRORS: tuple[type[BaseException], ...] = (ImportError,)
 
 
 @dataclasses.dataclass
@@ -33,8 +46,28 @@ class Trajectory:
     `notices`: non-terminal records. `answer`: the router's; `final_turn`: the text of the turn
     that carried it (code rows grade its fenced program too); `summarizer_answer`: the agentic
     summarizer's candidate. `infra_failed`: a worker call finally failed (the trajectory is
-    dropped from the gradient, never scored as wrong). `finish`: why the episode ended.
-    `cost`: worker cost of the episode (with `prices` given to `run_episodes`).
+    dropped from the gradient, never scored as wrong); a dialect whose failed calls are
+    observed (`Env.failed_call_is_infra` False) leaves it to other failures. `finish`: why the
+    episode ended (``loop_error:<ExceptionType>`` when an env call raised, ``wrapper_error``
+    when a worker payload failed its hygiene check; both infra). `error`: that exception, as
+    ``Type: message``. `cost`: worker cost of the episode (with `prices` given to
+    `run_episodes`).
+
+    Diagnostics the envs record for the metrics (`rl/metrics.py`, reference §6.14); each stays
+    at its default where a dialect has no such thing:
+    `token_source`: per response token, `SOURCE_ENV` (appended by the env), `SOURCE_POLICY`
+    (sampled, a choice) or `SOURCE_FORCED` (sampled, but the grammar admitted only that token);
+    empty for a trajectory built by hand (provenance unknown). `mode_logprob`: summed sampler
+    logprob of the selector turn that declared the mode (free rows; None otherwise).
+    `selector_retries`: selector attempts after the first. `violations`: every violation code
+    recorded, in order (the terminal one included); `first_call_violations`: how many of them
+    came before the first worker call was dispatched (None: no call was dispatched).
+    `routes`: (worker, task) of every dispatched route (Router-R1: (model name, query)).
+    `max_layer_width`: the most calls one turn dispatched. `obs_blocks` / `obs_truncated`:
+    observation blocks framed / cut to the observation budget. `exec_runs`: executor replies
+    judged in the loop (§5.6: a verdict, or a harness failure), `exec_sandbox_errors`: harness
+    failures among them, `exec_graded`: verdicts against hidden tests (CODE rows),
+    `exec_passed_all`: those that passed every test.
     """
 
     record: Record
@@ -56,7 +89,21 @@ class Trajectory:
     policy_versions: list[int] = dataclasses.field(default_factory=list)
     infra_failed: bool = False
     finish: str | None = None
+    error: str | None = None
     cost: CostSummary | None = None
+    token_source: list[int] = dataclasses.field(default_factory=list)
+    mode_logprob: float | None = None
+    selector_retries: int = 0
+    violations: list[str] = dataclasses.field(default_factory=list)
+    first_call_violations: int | None = None
+    routes: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    max_layer_width: int = 0
+    obs_blocks: int = 0
+    obs_truncated: int = 0
+    exec_runs: int = 0
+    exec_sandbox_errors: int = 0
+    exec_graded: int = 0
+    exec_passed_all: int = 0
 
     @property
     def done(self) -> bool:
@@ -76,11 +123,21 @@ class Trajectory:
         self.policy_mask.extend([1] * len(ids) if allowed is None
                                 else [int(a != 1) for a in allowed[:len(ids)]])
         self.logprobs.extend(float(x) for x in logprobs)
+        self.token_source.extend([SOURCE_POLICY] * len(ids) if allowed is None else
+                                 [SOURCE_FORCED if a == 1 else SOURCE_POLICY
+                                  for a in allowed[:len(ids)]])
 
     def add_env(self, ids: Sequence[int]) -> None:
         self.response_ids.extend(ids)
         self.policy_mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
+        self.token_source.extend([SOURCE_ENV] * len(ids))
+
+    def end_with_error(self, error: Exception) -> None:
+        """End the episode as a loop error (infra): `finish` ``loop_error:<Type>``."""
+        self.finish = f"{LOOP_ERROR}:{type(error).__name__}"
+        self.error = f"{type(error).__name__}: {error}"
+        self.infra_failed = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +172,22 @@ class Step:
 
 class Env(Protocol):
     """One dialect's rules for one trajectory. It may set the trajectory's record fields (mode,
-    violation, answer, finish, ...) as the episode goes."""
+    violation, answer, finish, ...) as the episode goes.
+
+    If one of its calls raises (an `Exception` not in `FATAL_ERRORS` or `fatal_errors`), the
+    runner ends that trajectory only, as ``loop_error:<Type>`` (infra, what it had is kept,
+    reference routeweaver §2.1); the other trajectories go on.
+    """
+
+    failed_call_is_infra: bool
+    """True: a worker call that finally failed makes the row infra (`Trajectory.infra_failed`:
+    out of the group statistics and the gradient, never scored; RouteWeaver §6.2). False: the
+    policy observes the failure and the row is scored like any other (Router-R1 §1.3, where
+    the observation reads ``None``). Read with `getattr`, default True."""
+
+    fatal_errors: tuple[type[BaseException], ...]
+    """Exceptions of this env's calls that end the run, on top of `FATAL_ERRORS` (e.g. a host
+    without the sandbox's isolation). Read with `getattr`, default none."""
 
     def start(self, traj: Trajectory) -> Sequence[int]:
         """Env tokens to append before the first policy turn (e.g. a forced mode)."""
@@ -163,7 +235,9 @@ async def run_episodes_async(records: Sequence[Record], sampler: Sampler, worker
     """Run `len(records) × repeats` episodes; trajectories in (record, repeat) order.
 
     `make_env(record, repeat)` -> (prompt ids, env). `prices`: fill each trajectory's `cost`.
-    `stats`, if given, is filled in.
+    `stats`, if given, is filled in. An env call that raises ends that trajectory only (see
+    `Env`); the sampler's and the worker pool's exceptions end the run (a pool reports a
+    failed call as a `WorkerCall`, so one that raises has a set-up problem).
     """
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1")
@@ -174,12 +248,15 @@ async def run_episodes_async(records: Sequence[Record], sampler: Sampler, worker
         for k in range(repeats):
             prompt, env = make_env(record, k)
             traj = Trajectory(record, k, list(prompt))
-            traj.add_env(env.start(traj))
+            ok, ids = _guarded(traj, env, env.start, traj)
+            if ok:
+                traj.add_env(ids)
             episodes.append((traj, env))
     stats.env_cpu_s += time.process_time() - cpu
     while True:
-        turns = [(t, e, turn) for t, e in episodes if not t.done
-                 and (turn := e.next_turn(t)) is not None]
+        cpu = time.process_time()
+        turns = _next_turns(episodes)
+        stats.env_cpu_s += time.process_time() - cpu
         if not turns:
             break
         stats.rounds += 1
@@ -187,27 +264,14 @@ async def run_episodes_async(records: Sequence[Record], sampler: Sampler, worker
         completions = _sample(sampler, turns)
         stats.sampler_s += time.perf_counter() - start
         cpu = time.process_time()
-        pending: list[tuple[Trajectory, Env, Step]] = []
-        for (traj, env, _), completion in zip(turns, completions, strict=True):
-            traj.turns += 1
-            traj.policy_versions.append(completion.policy_version)
-            step = env.step(traj, completion)
-            keep = step.keep
-            traj.add_policy(completion.token_ids[:keep], completion.logprobs[:keep],
-                            None if completion.allowed is None else completion.allowed[:keep])
-            traj.add_env(step.env_ids)
-            if step.calls:
-                pending.append((traj, env, step))
+        pending = _read_turns(turns, completions)
         stats.env_cpu_s += time.process_time() - cpu
         start = time.perf_counter()
         results = await asyncio.gather(*(_call_and_inspect(workers, t, e, s.calls)
                                          for t, e, s in pending))
         stats.workers_s += time.perf_counter() - start
         cpu = time.process_time()
-        for (traj, env, _), calls in zip(pending, results, strict=True):
-            traj.calls.extend(calls)
-            traj.infra_failed |= any(not c.success for c in calls)
-            traj.add_env(env.observe(traj, calls))
+        _observe(pending, results)
         stats.env_cpu_s += time.process_time() - cpu
     trajectories = [t for t, _ in episodes]
     if prices is not None:
@@ -224,14 +288,84 @@ def run_episodes(records: Sequence[Record], sampler: Sampler, workers: WorkerPoo
                                           prices=prices, stats=stats))
 
 
-def _sample(sampler: Sampler, turns: list[tuple[Trajectory, Env, Turn]]) -> list[Completion]:
+def _end_or_raise(traj: Trajectory, env: Env, error: Exception) -> None:
+    """End `traj` as a loop error, unless `error` is fatal (then re-raise it)."""
+    if isinstance(error, FATAL_ERRORS + tuple(getattr(env, "fatal_errors", ()))):
+        raise error
+    log.warning("episode %s/%d ended by %s: %s", traj.record.sample_id, traj.repeat,
+                type(error).__name__, error, exc_info=error)
+    traj.end_with_error(error)
+
+
+def _guarded(traj: Trajectory, env: Env, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    """(True, fn(*args)), or (False, None) after an exception ended `traj` (`_end_or_raise`).
+    Only `Exception`s are caught: KeyboardInterrupt, SystemExit and cancellation pass."""
+    try:
+        return True, fn(*args)
+    except Exception as e:
+        _end_or_raise(traj, env, e)
+        return False, None
+
+
+def _next_turns(episodes: Sequence[tuple[Trajectory, Env]]
+                ) -> list[tuple[Trajectory, Env, Turn, list[int]]]:
+    """(trajectory, env, turn, context) of every live trajectory that has a next turn."""
+    turns = []
+    for traj, env in episodes:
+        if traj.done:
+            continue
+        ok, turn = _guarded(traj, env, env.next_turn, traj)
+        if not ok or turn is None:
+            continue
+        ok, context = _guarded(traj, env, env.context, traj)
+        if ok:
+            turns.append((traj, env, turn, context))
+    return turns
+
+
+def _read_turns(turns: Sequence[tuple[Trajectory, Env, Turn, list[int]]],
+                completions: Sequence[Completion]) -> list[tuple[Trajectory, Env, Step]]:
+    """Each env reads its sampled turn; the kept policy tokens and the env's tokens are
+    appended. Returns the steps that asked for worker calls."""
+    pending: list[tuple[Trajectory, Env, Step]] = []
+    for (traj, env, _, _), completion in zip(turns, completions, strict=True):
+        traj.turns += 1
+        traj.policy_versions.append(completion.policy_version)
+        ok, step = _guarded(traj, env, env.step, traj, completion)
+        if not ok:
+            continue
+        keep = step.keep
+        traj.add_policy(completion.token_ids[:keep], completion.logprobs[:keep],
+                        None if completion.allowed is None else completion.allowed[:keep])
+        traj.add_env(step.env_ids)
+        if step.calls:
+            pending.append((traj, env, step))
+    return pending
+
+
+def _observe(pending: Sequence[tuple[Trajectory, Env, Step]],
+             results: Sequence[tuple[list[WorkerCall], bool]]) -> None:
+    """Record the calls (a failed one makes the row infra where the dialect says so) and
+    append their observations (not after a failed inspection)."""
+    for (traj, env, _), (calls, inspected) in zip(pending, results, strict=True):
+        traj.calls.extend(calls)
+        if getattr(env, "failed_call_is_infra", True):
+            traj.infra_failed |= any(not c.success for c in calls)
+        if inspected:
+            ok, ids = _guarded(traj, env, env.observe, traj, calls)
+            if ok:
+                traj.add_env(ids)
+
+
+def _sample(sampler: Sampler, turns: list[tuple[Trajectory, Env, Turn, list[int]]]
+            ) -> list[Completion]:
     """One `generate` call per distinct SamplingParams; completions in `turns` order."""
     groups: dict[SamplingParams, list[int]] = {}
-    for i, (_, _, turn) in enumerate(turns):
+    for i, (_, _, turn, _) in enumerate(turns):
         groups.setdefault(turn.params, []).append(i)
     out: list[Completion | None] = [None] * len(turns)
     for params, idx in groups.items():
-        prompts = [turns[i][1].context(turns[i][0]) for i in idx]
+        prompts = [turns[i][3] for i in idx]
         grammars = [turns[i][2].grammar for i in idx]
         if any(g is not None for g in grammars):
             completions = sampler.generate(prompts, params, grammars)
@@ -243,10 +377,17 @@ def _sample(sampler: Sampler, turns: list[tuple[Trajectory, Env, Turn]]) -> list
 
 
 async def _call_and_inspect(workers: WorkerPool, traj: Trajectory, env: Env,
-                            requests: Sequence[CallRequest]) -> list[WorkerCall]:
+                            requests: Sequence[CallRequest]) -> tuple[list[WorkerCall], bool]:
+    """The calls' results, and False if `env.inspect` raised (the trajectory then ended as a
+    loop error). A worker pool that raises (rather than returning a failed call) is a set-up
+    problem (a replay miss, a missing key): it ends the run."""
     calls = await asyncio.gather(*(workers.call(r.worker, r.prompt, max_tokens=r.max_tokens)
                                    for r in requests))
     calls = [dataclasses.replace(c, role=r.role, node=r.node)
              for c, r in zip(calls, requests, strict=True)]
-    await env.inspect(traj, calls)
-    return calls
+    try:
+        await env.inspect(traj, calls)
+    except Exception as e:
+        _end_or_raise(traj, env, e)
+        return calls, False
+    return calls, True

@@ -2,6 +2,11 @@
 
 The price table is frozen configuration, never a live quote: two runs are comparable because
 they bill the same tokens at the same versioned prices (reference: `fixed-reference-2026-09-20`).
+A run bills at its pool's table (`pool_prices`): a channel pool at its channel file's `price`
+entries (the reference channel file's are REFERENCE_PRICES), the simulated pool at
+REFERENCE_PRICES. A worker without a price is never billed as free: `verify_pool` /
+`price_problems` refuse it before a run starts, and a call to it marks the trajectory
+cost-incomplete.
 
     C_call = (input × in + output × out) / 1e6
              input  = usage.prompt_tokens     + failed_usage.prompt_tokens
@@ -140,27 +145,64 @@ def cost_score(cost_usd: float, c_ref: float = C_REF_USD) -> float:
     return 1.0 / (1.0 + cost_usd / c_ref)
 
 
+def price_problems(worker_ids: Iterable[str], prices: Prices,
+                   backends: Mapping[str, str | None] | None = None) -> list[tuple[str, str]]:
+    """(worker, what is wrong) for each of `worker_ids` that cannot be billed, in their order;
+    empty when every one can.
+
+    A worker cannot be billed if `prices` has no entry for it, or if, with `backends` (worker
+    id -> the backend now serving it, e.g. `ChannelConfig.backends()`), its price is pinned to
+    another backend (a re-pointed id must never be billed at another model's price). A price
+    not pinned (`backend` None) is not checked against a backend.
+    """
+    problems: list[tuple[str, str]] = []
+    for worker in worker_ids:
+        price = prices.get(worker)
+        if price is None:
+            problems.append((worker, "has no price"))
+        elif backends is not None and price.backend is not None \
+                and backends.get(worker) != price.backend:
+            problems.append((worker, f"its price was set for backend {price.backend!r} but "
+                                     f"it is served by {backends.get(worker)!r}"))
+    return problems
+
+
 def verify_pool(worker_ids: Iterable[str], prices: Prices,
                 backends: Mapping[str, str | None] | None = None) -> None:
-    """Raise PricingError unless every offered worker is priced.
+    """Raise PricingError unless every offered worker can be billed (`price_problems`).
 
     With `backends` (worker id -> backend now serving it, e.g. from the channel file), a price
     pinned to a backend must match it, so a re-pointed id is never billed at another model's
     price. Run before cost-enabled training.
     """
     worker_ids = list(worker_ids)
-    unpriced = [w for w in worker_ids if w not in prices]
+    problems = price_problems(worker_ids, prices, backends)
+    unpriced = [w for w, _ in problems if w not in prices]
     if unpriced:
         raise PricingError(f"offered workers {unpriced} have no price in the price table "
                            f"(priced: {sorted(prices)}); refusing to cost them as free")
-    if backends is None:
-        return
-    for worker in worker_ids:
-        pinned, actual = prices[worker].backend, backends.get(worker)
-        if pinned is not None and actual != pinned:
-            raise PricingError(f"the price of {worker} was set for backend {pinned!r} but "
-                               f"{worker} is served by {actual!r}; fix the price table or "
-                               "the channel file")
+    if problems:
+        worker = problems[0][0]
+        raise PricingError(f"the price of {worker} was set for backend "
+                           f"{prices[worker].backend!r} but {worker} is served by "
+                           f"{backends.get(worker) if backends else None!r}; fix the price "
+                           "table or the channel file")
+
+
+def pool_prices(pool: Any) -> Prices:
+    """The price table calls to `pool` are billed at: that of the first of `pool` and the
+    pools it wraps (each one's `pool` attribute, e.g. a record/replay cache's) to declare one
+    with a `prices()` method (`HttpWorkerPool`: its channel file's `price` entries, a worker
+    without one unpriced), else REFERENCE_PRICES (the simulated pool's worker_1..6 are the
+    reference's workers)."""
+    seen: set[int] = set()
+    while pool is not None and id(pool) not in seen:
+        seen.add(id(pool))
+        declared = getattr(pool, "prices", None)
+        if callable(declared):
+            return declared()
+        pool = getattr(pool, "pool", None)
+    return REFERENCE_PRICES
 
 
 @dataclasses.dataclass(frozen=True)

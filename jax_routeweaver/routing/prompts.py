@@ -366,25 +366,52 @@ def worker_payload(call: PlannedCall, question: str, state: RoutingState,
                    config: ProtocolConfig | None = None) -> str:
     """The payload of a dispatched call, refs resolved against `state` (the episode before
     this turn's calls ran)."""
-    config = config or ProtocolConfig()
     if call.role is not None:
         return role_payload(call.role, question, call.task, resolve_refs(call, state))
-    previous = (state.nodes[-1].output if config.multi_attach_previous and state.mode ==
-                Mode.MULTI and state.nodes else None)
-    return single_multi_payload(question, call.task, previous)
+    previous = payload_references(call, state, config)
+    return single_multi_payload(question, call.task, previous[0] if previous else None)
+
+
+def payload_references(call: PlannedCall, state: RoutingState,
+                       config: ProtocolConfig | None = None) -> tuple[str, ...]:
+    """The earlier outputs `worker_payload` splices into the call's payload: the referenced
+    nodes' outputs (agentic), or the previous worker's output (multi with
+    `multi_attach_previous`); none otherwise."""
+    config = config or ProtocolConfig()
+    if call.role is not None:
+        return tuple(node.output for node in resolve_refs(call, state))
+    if config.multi_attach_previous and state.mode == Mode.MULTI and state.nodes:
+        return (state.nodes[-1].output,)
+    return ()
+
+
+class PayloadHygieneError(ValueError):
+    """The wrapper-written part of a worker payload holds a brevity phrase (a wrapper bug: the
+    row becomes a `wrapper_error`, infra, §2.4)."""
 
 
 def check_payload(payload: str, *, task: str, question: str,
                   ref_outputs: Sequence[str] = ()) -> None:
-    """Raise ValueError if the wrapper-written part of `payload` (everything but the router's
-    task, the question and referenced outputs) contains a `BANNED_IN_PAYLOAD` phrase."""
+    """Raise `PayloadHygieneError` (a ValueError) if the wrapper-written part of `payload`
+    (everything but the router's task, the question and referenced outputs) contains a
+    `BANNED_IN_PAYLOAD` phrase."""
     wrapper = payload
-    for text in (task, question, *ref_outputs):
-        if text:
-            wrapper = wrapper.replace(text, "")
+    for text in sorted((t for t in (task, question, *ref_outputs) if t), key=len,
+                       reverse=True):
+        wrapper = wrapper.replace(text, "")
     found = brevity_flags(wrapper)
     if found:
-        raise ValueError(f"worker payload wrapper contains brevity phrases {list(found)}")
+        raise PayloadHygieneError(f"worker payload wrapper contains brevity phrases "
+                                  f"{list(found)}")
+
+
+def checked_worker_payload(call: PlannedCall, question: str, state: RoutingState,
+                           config: ProtocolConfig | None = None) -> str:
+    """`worker_payload`, after `check_payload` on it (raises `PayloadHygieneError`)."""
+    payload = worker_payload(call, question, state, config)
+    check_payload(payload, task=call.task, question=question,
+                  ref_outputs=payload_references(call, state, config))
+    return payload
 
 
 def brevity_flags(text: str) -> tuple[str, ...]:

@@ -61,7 +61,14 @@ class Constraints:
 
 class RouterR1Env:
     """One Router-R1 episode. `tokenizer`: HF tokenizer (chat template, encode, decode).
-    `constraints`: grammar-constrained turns (None: free generation, as upstream)."""
+    `constraints`: grammar-constrained turns (None: free generation, as upstream).
+
+    A failed worker call (an API error after the pool's retries) is what the policy sees, as
+    for an unresolvable name: the observation reads ``None`` and the row is scored like any
+    other (§1.3, §2.3; a failed call costs 0, §2.4), so it is not infra."""
+
+    failed_call_is_infra = False
+    fatal_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self, tokenizer: Any, model_workers: Mapping[str, str],
                  config: r1.RouterR1Config, sampling: SamplingParams,
@@ -121,11 +128,12 @@ class RouterR1Env:
         self.state = r1.advance(self.state, decision)
         if isinstance(decision, r1.AppendObservation):
             traj.notices.append(decision.reason)
-            return Step(keep, self._cap(decision.text))
+            return Step(keep, self._cap(traj, decision.text))
+        traj.routes.append((decision.model.name, decision.query.strip()))
         worker = self.model_workers.get(decision.model.name)
         if worker is None:  # a real model the pool does not serve: Router-R1 shows "None"
             traj.notices.append("model_not_served")
-            return Step(keep, self._cap(r1.render_observation(None)))
+            return Step(keep, self._cap(traj, r1.render_observation(None)))
         return Step(keep, calls=[CallRequest(worker, decision.prompt,
                                              max_tokens=self.config.worker_max_tokens)])
 
@@ -133,11 +141,16 @@ class RouterR1Env:
         return None
 
     def observe(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> Sequence[int]:
-        return self._cap(r1.observation_for_call(calls[0]))
+        return self._cap(traj, r1.observation_for_call(calls[0]))
 
-    def _cap(self, text: str) -> list[int]:
-        return r1.cap_observation(text, self._encode, self._decode,
-                                  self.config.obs_max_tokens).ids
+    def _cap(self, traj: Trajectory, text: str) -> list[int]:
+        """`text` cut to the observation cap; a non-empty one counts as an observation block
+        (`obs_blocks`, `obs_truncated`)."""
+        capped = r1.cap_observation(text, self._encode, self._decode, self.config.obs_max_tokens)
+        if text:
+            traj.obs_blocks += 1
+            traj.obs_truncated += capped.truncated
+        return capped.ids
 
 
 def router_r1_envs(tokenizer: Any, model_workers: Mapping[str, str], *,

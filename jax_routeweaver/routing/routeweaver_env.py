@@ -33,6 +33,14 @@ EVAL_SAMPLING = SamplingParams(greedy=True, max_new_tokens=512)
 # The answer when `answer_choices` is on and no worker reply yields a candidate.
 NO_CANDIDATE_ANSWER = "none"
 
+# `Trajectory.finish` of an episode whose worker payload failed the hygiene check (§2.4); one
+# of `rewards.reward.WRAPPER_MARKERS`, so the row is infra.
+WRAPPER_ERROR = "wrapper_error"
+# §5.6 verdict texts of CODE rows (`rewards.feedback.code_verdict`): graded against hidden
+# tests, and all of them passed.
+CODE_VERDICT_PREFIX = "[execution] "
+CODE_VERDICT_ALL_PASSED = " hidden tests PASSED."
+
 # Task and answer text: no tags or newlines, and a non-space first character (an empty task or
 # answer would be a violation); bounded so a whole action fits a turn's token cap.
 _TASK = r'[^<>\n ] [^<>\n]{0,47}'
@@ -70,7 +78,14 @@ class EnvConfig:
 
 
 class RouteWeaverEnv:
-    """One RouteWeaver episode over `workers` (catalog order) for `record`."""
+    """One RouteWeaver episode over `workers` (catalog order) for `record`.
+
+    A worker call that finally failed makes the row infra (§6.2); a worker payload whose
+    wrapper text fails `prompts.check_payload` ends the episode as ``wrapper_error`` (infra,
+    no call made, §2.4); a host without the sandbox's isolation ends the run."""
+
+    failed_call_is_infra = True
+    fatal_errors: tuple[type[BaseException], ...] = (IsolationUnavailable,)
 
     def __init__(self, tokenizer: Any, workers: Sequence[tuple[str, str]], record: Record,
                  config: EnvConfig, forced_mode: str | None = None,
@@ -132,6 +147,7 @@ class RouteWeaverEnv:
             if isinstance(outcome.decision, g.ModeDeclared):
                 end = len(traj.response_ids) + keep
                 traj.mode, traj.mode_span_end = str(self.state.mode), end
+                traj.mode_logprob = float(sum(completion.logprobs[:keep]))
                 return Step(keep, self._after_mode(traj, end))
             if not self._over(traj):  # recovery: one retry with the cue
                 return Step(keep, self._encode(g.chat_delta(prompts.SELECTOR_RETRY_CUE)))
@@ -143,8 +159,7 @@ class RouteWeaverEnv:
         if isinstance(decision, g.AnswerAccepted):
             traj.final_turn = text
         if isinstance(decision, g.Dispatch):
-            self._pending = decision.calls
-            return Step(keep, calls=[self._request(c) for c in decision.calls])
+            return self._dispatch(traj, keep, decision.calls)
         if isinstance(decision, g.Rejected) and not self._over(traj):
             cue = g.inline_env_text(prompts.violation_cue(decision.code))
             return Step(keep, self._encode(cue) + self._header(traj, keep))
@@ -166,8 +181,14 @@ class RouteWeaverEnv:
                 raise verdict
             if isinstance(verdict, BaseException):  # any harness failure makes the row infra
                 self._harness_errors.append(f"exec_sandbox_error:{type(verdict).__name__}")
+                traj.exec_runs += 1
+                traj.exec_sandbox_errors += 1
             elif verdict is not None:
                 self._verdicts[call.node] = verdict
+                traj.exec_runs += 1
+                if verdict.startswith(CODE_VERDICT_PREFIX):
+                    traj.exec_graded += 1
+                    traj.exec_passed_all += verdict.endswith(CODE_VERDICT_ALL_PASSED)
 
     def observe(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> list[int]:
         nodes = [self._node(p, c) for p, c in zip(self._pending, calls, strict=True)]
@@ -182,9 +203,12 @@ class RouteWeaverEnv:
             traj.finish = "obs_budget_exhausted"
             return []
         share = g.observation_share(budget, len(nodes), self.state.mode, self.pc)
-        obs = g.observation_ids(g.frame_observation(self.state.mode, nodes), share,
-                                self._encode, self.pc).ids
-        return list(obs) + self._header(traj, len(obs))
+        framed = g.observation_ids(g.frame_observation(self.state.mode, nodes), share,
+                                   self._encode, self.pc)
+        traj.obs_blocks += framed.blocks
+        traj.obs_truncated += framed.truncated
+        obs = list(framed.ids)
+        return obs + self._header(traj, len(obs))
 
     # ------------------------------------------------------------------ helpers
     def _encode(self, text: str) -> list[int]:
@@ -218,8 +242,26 @@ class RouteWeaverEnv:
             return []
         return ids
 
+    def _dispatch(self, traj: Trajectory, keep: int, calls: Sequence[g.PlannedCall]) -> Step:
+        """The calls of an accepted turn, or (a payload failing its hygiene check, §2.4) the
+        end of the episode as a ``wrapper_error`` without any call."""
+        try:
+            requests = [self._request(c) for c in calls]
+        except prompts.PayloadHygieneError as e:
+            traj.finish, traj.error = WRAPPER_ERROR, f"{type(e).__name__}: {e}"
+            traj.infra_failed = True
+            self._sync(traj)
+            return Step(keep)
+        self._pending = tuple(calls)
+        if traj.first_call_violations is None:
+            traj.first_call_violations = len(self.state.violations)
+        traj.routes.extend((c.worker, c.task) for c in calls)
+        traj.max_layer_width = max(traj.max_layer_width, len(calls))
+        return Step(keep, calls=requests)
+
     def _request(self, call: g.PlannedCall) -> CallRequest:
-        payload = prompts.worker_payload(call, self.record.question, self._before, self.pc)
+        payload = prompts.checked_worker_payload(call, self.record.question, self._before,
+                                                 self.pc)
         return CallRequest(call.worker, payload, self.pc.worker_max_tokens,
                            None if call.role is None else str(call.role), call.node_id)
 
@@ -235,6 +277,8 @@ class RouteWeaverEnv:
             else str(self.state.policy_invalid)
         traj.answer = self.state.answer
         traj.notices = [str(n) for n in self.state.notices] + self._harness_errors
+        traj.violations = [str(v) for v in self.state.violations]
+        traj.selector_retries = max(0, self.state.selector_attempts - 1)
 
     def _over(self, traj: Trajectory) -> bool:
         """Sync the record fields; set `finish` when the episode has ended."""

@@ -18,6 +18,12 @@ Secrets: a key is read from its environment variable at call time and sent only 
 `Authorization` header. It is never stored on the pool or the config, never logged, never put in
 an error or a `WorkerCall`.
 
+Prices: a channel pool bills its calls at the file's `price` entries (`HttpWorkerPool.prices`,
+`pricing.pool_prices`); a worker without one is unpriced, and a run that offers it refuses to
+start (`rl.pool_check`). Before a run's first step, `check_endpoints` asks each distinct
+endpoint for its model list (`GET {base_url}/models`) and fails closed unless it answers
+with one that includes every checked worker's `model` (see there).
+
 Retry policy (reference `llm_client.ChatLLM`, §4.5), per call: up to `max_rounds` rounds within
 `total_budget_s`; in a round at most `attempts_per_round` load failures (429, 5xx, network
 errors, timeouts). A load failure puts the channel in a cooldown (429: 30 s, 503: 20 s, other
@@ -71,7 +77,7 @@ import os
 import re
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -110,6 +116,10 @@ REPLY_TOO_LARGE = "reply_too_large"
 MAX_REPLY_BYTES = 8 * 2**20
 RETRY_AFTER_MAX_S = 120.0
 PROMPT_TEMPLATE_TOKENS = 1024
+# `check_endpoints`: seconds an endpoint has to send its whole model list, and how many of
+# the names it serves a failure quotes.
+MODELS_TIMEOUT_S = 5.0
+SERVED_NAMES_SHOWN = 10
 # The only encodings the pool decodes (itself, under the cap); asked for explicitly so httpx
 # never advertises others (br, zstd) that a server could then use.
 _ACCEPT_ENCODING = "gzip, deflate"
@@ -464,6 +474,11 @@ class HttpWorkerPool:
     def description(self, worker: str) -> str:
         return self._channel(worker).description
 
+    def prices(self) -> dict[str, WorkerPrice]:
+        """The table this pool's calls are billed at: the channel file's `price` entries
+        (`ChannelConfig.prices`; a worker without one is unpriced, never free)."""
+        return self._config.prices()
+
     @property
     def peak_reply_bytes(self) -> int:
         """The most bytes (decoded) the pool has held for one reply body so far."""
@@ -725,12 +740,21 @@ class HttpWorkerPool:
                           attempts=trace.attempts, error=error)
 
 
-def _require_keys(config: ChannelConfig) -> None:
+def missing_keys(config: ChannelConfig, env: Mapping[str, str] | None = None
+                 ) -> dict[str, list[str]]:
+    """Variable name -> the workers needing it, for every `api_key_env` of `config` that is
+    unset or blank in `env` (default: the process environment). Values are never returned."""
+    env = os.environ if env is None else env
     missing: dict[str, list[str]] = {}
     for channel in config.channels:
         name = channel.api_key_env
-        if name is not None and not os.environ.get(name, "").strip():
+        if name is not None and not env.get(name, "").strip():
             missing.setdefault(name, []).append(channel.worker)
+    return missing
+
+
+def _require_keys(config: ChannelConfig) -> None:
+    missing = missing_keys(config)
     if missing:
         listed = "; ".join(f"{name} (needed by {', '.join(ws)})" for name, ws in missing.items())
         raise MissingApiKeyError(f"{config.path}: environment variable(s) not set: {listed}")
@@ -742,6 +766,144 @@ def _digest(key: str | None) -> str:
 
 def _scrub(text: str, key: str | None) -> str:
     return text.replace(key, "***") if key else text
+
+
+def _scrub_all(text: str, keys: set[str]) -> str:
+    for key in sorted(keys, key=len, reverse=True):  # a key inside another goes last
+        text = _scrub(text, key)
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Endpoint check (before a run's first step)
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointCheck:
+    """What `check_endpoints` found for one worker. `url`: the model-list URL asked
+    (``{base_url}/models``; never carries a key). `ok` False: the run must not start.
+    `detail`: what was seen, one line, never a key value."""
+
+    worker: str
+    url: str
+    ok: bool
+    detail: str
+
+
+def check_endpoints(config: ChannelConfig, workers: Sequence[str] | None = None, *,
+                    timeout_s: float = MODELS_TIMEOUT_S, env: Mapping[str, str] | None = None,
+                    max_reply_bytes: int = MAX_REPLY_BYTES) -> list[EndpointCheck]:
+    """Check that each of `workers` (default: every worker of `config`) is reachable and
+    serves its configured `model`, without asking any worker to generate.
+
+    Each distinct endpoint (base_url and key variable) is asked once,
+    ``GET {base_url}/models`` (OpenAI-compatible: ``{"data": [{"id": name}, ...]}``), with
+    the key from `env` (default: the process environment) in the `Authorization` header
+    when the channel names one, within `timeout_s` seconds for the whole reply, whose body
+    is capped at `max_reply_bytes` (wire and decoded). A worker passes only if its endpoint
+    answered 200 with a model list that includes its `model`. It fails (fail closed) when
+    its key variable is unset or not a bearer token, the endpoint is unreachable or slower
+    than `timeout_s`, answers any other status (401/403: the key was rejected; 404/405 too:
+    every OpenAI-compatible server this project targets (vLLM, OpenRouter, NVIDIA NIM)
+    serves the list there, so a 404 almost always means a wrong base_url, whose chat calls
+    would 404 as well), or sends something that is not a model list. Served names in a
+    failure are the endpoint's own (untrusted: quoted, truncated, any key removed). One
+    `EndpointCheck` per worker, in `workers` order.
+    """
+    env = os.environ if env is None else env
+    chosen = [config.channel(w) for w in (config.worker_ids() if workers is None else workers)]
+    answers: dict[tuple[str, str | None], tuple[list[str] | None, str]] = {}
+    sent: set[str] = set()  # every key sent: any endpoint may echo any of them back
+    found: list[tuple[Channel, str | None]] = []  # (channel, why nothing was asked)
+    with httpx.Client(headers={"Accept-Encoding": _ACCEPT_ENCODING}) as client:
+        for channel in chosen:
+            key, refusal = _probe_key(channel, env)
+            found.append((channel, refusal))
+            endpoint = (channel.base_url, channel.api_key_env)
+            if refusal is None and endpoint not in answers:
+                sent |= {key} if key else set()
+                answers[endpoint] = _served_models(client, f"{channel.base_url}/models", key,
+                                                   timeout_s, max_reply_bytes)
+
+    def scrub(text: str) -> str:
+        return _scrub_all(text, sent)
+
+    return [EndpointCheck(c.worker, f"{c.base_url}/models", False, refusal)
+            if refusal is not None else
+            _served_check(c, *answers[(c.base_url, c.api_key_env)], scrub)
+            for c, refusal in found]
+
+
+def _probe_key(channel: Channel, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(key or None, None), or (None, why no request may be sent)."""
+    if channel.api_key_env is None:
+        return None, None
+    key = env.get(channel.api_key_env, "").strip()
+    if not key:
+        return None, f"environment variable {channel.api_key_env} is not set"
+    if not _KEY_PATTERN.fullmatch(key):
+        return None, (f"the value of {channel.api_key_env} is not a valid bearer token "
+                      "(value not shown)")
+    return key, None
+
+
+def _served_models(client: httpx.Client, url: str, key: str | None, timeout_s: float,
+                   cap: int) -> tuple[list[str] | None, str]:
+    """(the model ids served, "") or (None, what went wrong)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        with client.stream("GET", url, headers=headers, timeout=timeout_s) as response:
+            body = bytearray()
+            decoder = _decoder(response.headers.get("content-encoding"))
+            for chunk in response.iter_raw():
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout("model list too slow")
+                if decoder is not None:
+                    try:
+                        chunk = decoder.decompress(chunk, cap + 1 - len(body))
+                    except zlib.error:
+                        raise httpx.DecodingError("malformed compressed body") from None
+                body += chunk
+                if response.num_bytes_downloaded > cap or len(body) > cap:
+                    return None, f"the model list is larger than {cap} bytes"
+            status = response.status_code
+    except httpx.TimeoutException:
+        return None, f"no answer within {timeout_s:g} s"
+    except httpx.DecodingError:
+        return None, "the reply could not be decoded"
+    except httpx.HTTPError as err:
+        return None, f"unreachable ({type(err).__name__}: {err})"
+    if status in (401, 403):
+        return None, (f"HTTP {status}: the key was rejected" if key
+                      else f"HTTP {status}: the endpoint wants a key (name one in api_key_env)")
+    if status != 200:
+        hint = (": no OpenAI model list there (is base_url right, e.g. ending in /v1?)"
+                if status in (404, 405) else "")
+        return None, f"HTTP {status}{hint}"
+    data = _json_or_none(bytes(body))
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("id"), str) for e in entries):
+        return None, 'HTTP 200 without an OpenAI model list ({"data": [{"id": ...}]})'
+    return [e["id"] for e in entries], ""
+
+
+def _served_check(channel: Channel, served: list[str] | None, problem: str,
+                  scrub: Callable[[str], str]) -> EndpointCheck:
+    """The worker's check from its endpoint's answer; `scrub` removes keys from untrusted
+    text (before any truncation, so no part of a key survives)."""
+    url = f"{channel.base_url}/models"
+    if served is None:
+        return EndpointCheck(channel.worker, url, False, scrub(problem))
+    if channel.model in served:
+        return EndpointCheck(channel.worker, url, True, f"serves {channel.model!r}")
+    shown = ", ".join(repr(scrub(name)[:80]) for name in served[:SERVED_NAMES_SHOWN])
+    more = f" and {len(served) - SERVED_NAMES_SHOWN} more" \
+        if len(served) > SERVED_NAMES_SHOWN else ""
+    listing = f"it serves {shown}{more}" if served else "it serves no model"
+    return EndpointCheck(channel.worker, url, False,
+                         f"does not serve the configured model {channel.model!r} ({listing})")
 
 
 # ---------------------------------------------------------------------------------------------
