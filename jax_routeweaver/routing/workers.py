@@ -682,12 +682,7 @@ class HttpWorkerPool:
         async for chunk in response.aiter_raw():
             if response.num_bytes_downloaded > cap:
                 return None
-            if decoder is not None:
-                try:
-                    chunk = decoder.decompress(chunk, cap + 1 - len(body))
-                except zlib.error:
-                    raise httpx.DecodingError("malformed compressed body") from None
-            body += chunk
+            body += _inflate(decoder, chunk, cap + 1 - len(body))
             self._peak_reply_bytes = max(self._peak_reply_bytes, len(body))
             if len(body) > cap:
                 return None
@@ -859,12 +854,7 @@ def _served_models(client: httpx.Client, url: str, key: str | None, timeout_s: f
             for chunk in response.iter_raw():
                 if time.monotonic() > deadline:
                     raise httpx.ReadTimeout("model list too slow")
-                if decoder is not None:
-                    try:
-                        chunk = decoder.decompress(chunk, cap + 1 - len(body))
-                    except zlib.error:
-                        raise httpx.DecodingError("malformed compressed body") from None
-                body += chunk
+                body += _inflate(decoder, chunk, cap + 1 - len(body))
                 if response.num_bytes_downloaded > cap or len(body) > cap:
                     return None, f"the model list is larger than {cap} bytes"
             status = response.status_code
@@ -915,6 +905,18 @@ def _json_or_none(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:  # includes UnicodeDecodeError
         return None
+
+
+def _inflate(decoder: zlib._Decompress | None, chunk: bytes, room: int) -> bytes:
+    """`chunk` as it adds to the reply body: decompressed (at most `room` bytes, so a
+    compression bomb stops at the cap) when the reply is compressed; httpx.DecodingError on a
+    malformed stream."""
+    if decoder is None:
+        return chunk
+    try:
+        return decoder.decompress(chunk, room)
+    except zlib.error:
+        raise httpx.DecodingError("malformed compressed body") from None
 
 
 def _decoder(encoding: str | None) -> zlib._Decompress | None:
