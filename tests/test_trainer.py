@@ -70,6 +70,19 @@ def test_one_micro_batch_equals_eight(reduction):
     np.testing.assert_allclose(float(m1["loss/total"]), float(m8["loss/total"]), rtol=1e-5)
 
 
+def test_ppo_diagnostics_do_not_depend_on_micro_batching():
+    """pg_clipfrac and ppo_kl are mini-batch means: eight micro-batches' shares add up to the
+    one micro-batch's value (they were averaged, i.e. divided by the micro-batch count)."""
+    batch = random_batch()
+    old = np.asarray(batch["response_mask"]) * np.random.default_rng(3).normal(
+        0.0, 0.5, batch["response_mask"].shape).astype(np.float32)
+    out = [Trainer(model(), OptimConfig(), LossConfig(micro_batch_size=mb)).update(
+        **batch, old_logp=old) for mb in (0, 1)]
+    assert out[0]["ppo/pg_clipfrac"] > 0.05
+    for key in ("ppo/pg_clipfrac", "ppo/pg_clipfrac_lower", "ppo/ppo_kl", "loss/total"):
+        np.testing.assert_allclose(out[0][key], out[1][key], rtol=1e-4, atol=1e-7)
+
+
 def test_micro_batching_on_the_8_device_mesh(devices):
     mesh = make_mesh((2, 4, 1))
     batch = random_batch(n=16)

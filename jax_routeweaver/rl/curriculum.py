@@ -2,7 +2,9 @@
 
 Pure and deterministic: the forced ratio ρ_b is a function of the batch index, the
 forced/free verdict of a query is a sha256 draw on its ``sample_id`` (so every one of its
-K rollouts shares it), and forced modes are balanced per batch (11/11/10 of 32).
+K rollouts shares it), and forced modes are assigned balanced over the batch's queries
+(11/11/10 of 32; the forced ones among them need not be balanced when 0 < ρ_b < 1), unless the
+data file gives them.
 """
 
 from __future__ import annotations

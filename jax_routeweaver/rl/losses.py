@@ -12,9 +12,10 @@ by and ``coef`` a fixed weight. :func:`combine` turns parts into the scalar
 ``Σ_k coef_k · total_k / max(denom_k, 1)``.
 
 Denominators are **mini-batch-global** token counts, fixed before the mini-batch is split
-into micro-batches (and psum-ed over data-parallel devices by the trainer), exactly as verl
-does for the segment reduction: see :func:`segment_counts`. Totals are additive, so for any
-split of a mini-batch into micro-batches
+into micro-batches (the trainer counts them over the whole mini-batch's host arrays, so no
+cross-device sum is needed), exactly as verl does for the segment reduction: see
+:func:`segment_counts`. Totals are additive, so for any split of a mini-batch into
+micro-batches
 
     combine(parts(full batch)) == Σ_mb combine(parts(mb)) == combine(accumulate(parts_mb))
 
@@ -234,7 +235,8 @@ def entropy_loss(
 ) -> WeightedSum:
     """Entropy bonus as a loss, ``−coef · token-mean(H)``. ``entropy, mask [B, T]``.
 
-    The paper runs use ``coef = 0`` (§6.8); the term is then present with weight 0.
+    The paper runs use ``coef = 0`` (§6.8); the trainer then computes no entropies and
+    leaves the term out.
     """
     chex.assert_rank([entropy, mask], 2)
     chex.assert_equal_shape([entropy, mask])
@@ -247,8 +249,8 @@ def entropy_loss(
 
 
 def segment_counts(response_mask: jax.Array, mode_mask: jax.Array) -> SegmentCounts:
-    """Token counts of one shard of a mini-batch; psum each field over data-parallel
-    devices (and sum over micro-batches if computed per micro-batch) before use.
+    """Token counts of a mini-batch (the trainer passes the whole mini-batch's masks; counts
+    of parts of it would have to be summed before use).
 
     ``response_mask, mode_mask [B, T]``. Dirty rows are counted (§6.7, §9 item 24); the
     mode count is taken inside the response mask. Clamping to ≥ 1 happens at division.

@@ -625,7 +625,8 @@ class Trainer:
         """Metrics of the policy gradient (``stats``: per micro-batch, in any number of
         ``[M_i]`` parts), plus the support gradient when on."""
         stats = jax.tree.map(lambda *xs: jnp.concatenate(xs), *stats)
-        metrics = {k: v.sum() if k.startswith("loss/") else v.mean() for k, v in stats.items()}
+        # Every stat is a micro-batch's share of a mini-batch-global mean: shares add up.
+        metrics = {k: v.sum() for k, v in stats.items()}
         metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/"))
         metrics["grad/norm_policy"] = optax.tree.norm(grads)
         if with_support:
