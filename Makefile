@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint quickstart bench clean-venv
+.PHONY: install test lint docs quickstart bench clean-venv
 
 $(STAMP): requirements/cpu.lock requirements/apt.lock setup.cfg pyproject.toml
 	sh requirements/system-packages.sh
@@ -44,9 +44,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
+# The documentation site (mkdocs.yml): docs/ and the API pages generated from the docstrings,
+# into site/. Strict: a broken link or an unrenderable docstring fails it.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 # Two workers, each taking a whole test file at a time (module fixtures stay in one process);
 # the suite's time with and without: bench/RESULTS.md, "Test suite time".
-test: lint
+test: lint docs
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 quickstart: $(STAMP)

@@ -530,7 +530,7 @@ of `Rewards.as_row()`:
   cost_complete  0/1 (or false/true): every call had usage and a price; 0 rows are skipped
   price_table_version  optional string; if present it must be that table's version
 Other fields are ignored. C_ref is the q-quantile (linear interpolation, pos = q·(n−1)) of
-cost_usd over the kept rows, correct and wrong alike (reference routeweaver.md §4.4)."""
+cost_usd over the kept rows, correct and wrong alike (docs/algorithm.md, "Efficiency reward")."""
 
 
 def _calibrate_cost_arguments(p: argparse.ArgumentParser) -> None:
@@ -663,7 +663,7 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
         "prepare", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="build the training, cold-start, evaluation, OOD and Router-R1 files from local "
              "copies of the public datasets",
-        description="Build the paper's data files (reference §7.3-7.4) in the record schema "
+        description="Build the paper's data files (docs/usage.md, \"Data\") in the record schema "
                     "from local copies of the public datasets (no download).",
         epilog=_source_list())
     prep.add_argument("--source", action="append", default=[], metavar="NAME[.eval]=PATH[#SPLIT]",

@@ -1,4 +1,4 @@
-"""Advantage estimators (spec §6.2–6.6, §6.11, §6.12): properties, an oracle, hand examples."""
+"""Advantage estimators (docs/algorithm.md, "Advantages"): properties, an oracle, hand examples."""
 
 import math
 
@@ -79,7 +79,8 @@ def batches(draw, modes=None, rewards=None):
 
 # --------------------------------------------------------------------------- oracle
 def oracle_component(r, g, surv, free, mode):
-    """Literal float64 transcription of §6.3–6.5 for one reward component."""
+    """Literal float64 transcription of docs/algorithm.md, "Group statistics and the
+    zero-variance gate" and "COMET-GRPO", for one reward component."""
     a_mode, a_inner, a_grpo = (np.zeros(len(r)) for _ in range(3))
     for grp in np.unique(g):
         rows = np.flatnonzero((g == grp) & surv)
@@ -174,7 +175,8 @@ def test_gdpo_alpha_zero_is_comet_grpo(b):
 @EXAMPLES
 @given(batches(modes=lambda g: g % 4))
 def test_one_mode_groups_have_zero_a_mode(b):
-    # μ_m = μ needs ≥ 2 survivors: a singleton group has μ := 0, so A_mode = r there (§6.5).
+    # μ_m = μ needs ≥ 2 survivors: a singleton group has μ := 0, so A_mode = r there
+    # (docs/algorithm.md, "COMET-GRPO").
     out = run_comet(b)
     multi = np.bincount(b["g"], weights=b["clean"], minlength=G)[b["g"]] >= 2
     np.testing.assert_allclose(out.a_mode[multi], 0.0, atol=1e-5)

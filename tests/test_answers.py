@@ -1,4 +1,4 @@
-"""Worker-reply answer extraction (§5.5)."""
+"""Worker-reply answer extraction (docs/protocol.md, "Candidate answers of worker replies")."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Tests for jax_routeweaver.rl.curriculum (progressive exploration, §6.9)."""
+"""Tests for jax_routeweaver.rl.curriculum (docs/algorithm.md, "The forced-mode curriculum")."""
 
 from __future__ import annotations
 

@@ -98,9 +98,10 @@ def test_unknown_and_unserved_models_get_none(tok, tasks):
 
 
 def test_failed_worker_call_is_observed_as_none_and_scored(tok, tasks):
-    """§1.3 / §2.3 / §3.7: a call that failed after the pool's retries shows the policy
-    `<information>None</information>`; the row is not infra, costs 0, and is scored like any
-    other (right answer: the full reward; wrong answer: 0), not dropped."""
+    """docs/router_r1.md, "A failed call is an observation": a call that failed after the pool's
+    retries shows the policy `<information>None</information>`; the row is not infra, costs 0,
+    and is scored like any other (right answer: the full reward; wrong answer: 0), not
+    dropped."""
     def script(context, params):
         q = question_of(context, tasks)
         if "<information>" in after_prompt(context, tasks):

@@ -321,9 +321,9 @@ def test_compact_rulebook_and_fixed_task_make_each_route_one_decision(tok, tasks
     ('<route model="worker_9">Solve the question.</route>', "unknown_model"),
 ])
 def test_a_run_offering_part_of_the_pool(tok, tasks, turn, code):
-    """§2.3 steps 5-6: with `offered` a subset, a registered worker outside it is
-    `worker_not_offered` and an id the pool does not know `unknown_model`; the catalog the
-    router reads lists only the offered workers."""
+    """docs/protocol.md, "Single/multi action turn", checks 5-6: with `offered` a subset, a
+    registered worker outside it is `worker_not_offered` and an id the pool does not know
+    `unknown_model`; the catalog the router reads lists only the offered workers."""
     config = EnvConfig(offered=("worker_1", "worker_2"))
     trajs, _ = run(tok, tasks[:1], ["<mode>single</mode>", turn], config=config)
     (t,) = trajs
@@ -336,7 +336,8 @@ def test_a_run_offering_part_of_the_pool(tok, tasks, turn, code):
                          EnvConfig(offered=("worker_1", "worker_7")))
 
 
-# ------------------------------------------------------------------ wrapper path (§2.1, §2.4)
+# ------------------------------------------------------------------ wrapper path
+# (docs/protocol.md, "How an episode ends" and "What a worker receives")
 SINGLE = ["<mode>single</mode>", '<route model="worker_3">Solve the question.</route>']
 
 
@@ -353,9 +354,10 @@ def gold_script(tasks, turns_of=lambda q: SINGLE):
 
 
 def test_an_env_that_raises_ends_its_episode_only_as_an_infra_row(tok, tasks):
-    """§2.1: a turn handler that raises ends that trajectory (`loop_error:<Type>`, infra,
-    what it had kept); the batch goes on, the others are scored, and the broken row stays out
-    of the group statistics (it is not clean: zero advantage, the group's survivor alone)."""
+    """docs/protocol.md, "How an episode ends": a turn handler that raises ends that trajectory
+    (`loop_error:<Type>`, infra, what it had kept); the batch goes on, the others are scored,
+    and the broken row stays out of the group statistics (it is not clean: zero advantage, the
+    group's survivor alone)."""
     import numpy as np
 
     from jax_routeweaver.rewards.reward import score_batch
@@ -417,9 +419,10 @@ def test_fatal_env_errors_end_the_run(tok, tasks):
 
 
 def test_payload_hygiene_failure_is_a_wrapper_error(tok, tasks, monkeypatch):
-    """§2.4: a payload whose wrapper text holds a brevity phrase ends that episode as
-    `wrapper_error` (infra) without calling the worker; the batch goes on. The shipped
-    wrappers are clean, so the executor's role brief is patched to provoke it."""
+    """docs/protocol.md, "What a worker receives": a payload whose wrapper text holds a brevity
+    phrase ends that episode as `wrapper_error` (infra) without calling the worker; the batch
+    goes on. The shipped wrappers are clean, so the executor's role brief is patched to provoke
+    it."""
     from jax_routeweaver.rewards.reward import score_batch
     from jax_routeweaver.routing import prompts
 
@@ -445,8 +448,9 @@ def test_payload_hygiene_failure_is_a_wrapper_error(tok, tasks, monkeypatch):
 
 
 def test_episode_diagnostics_are_recorded(tok, tasks):
-    """The fields the §6.14 metrics read: provenance per token, the declaring turn's logprob,
-    routes and layer width, observation blocks, violations before the first call."""
+    """The fields the metrics of docs/metrics.md read: provenance per token, the declaring
+    turn's logprob, routes and layer width, observation blocks, violations before the first
+    call."""
     (t,), _ = run(tok, tasks[:1], [
         "<mode>agentic</mode>",
         '<route model="worker_3" role="executor" refs="">Solve it.</route>\n'

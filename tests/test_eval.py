@@ -508,8 +508,8 @@ def test_summary_numbers_match_hand_computed_values():
 
 
 def test_table1_average_covers_the_nine_benchmarks_only():
-    """Reference §7.4: PopQA and the set600 copies of SuperGPQA / SATBench are left out of the
-    domain averages and Avg, not out of the per-dataset table."""
+    """As the reference's evaluation: PopQA and the set600 copies of SuperGPQA / SATBench are
+    left out of the domain averages and Avg, not out of the per-dataset table."""
     def at(set_name, *args):
         return {**row(*args), "set": f"data/eval/{set_name}.parquet"}
 

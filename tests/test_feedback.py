@@ -1,5 +1,6 @@
-"""In-loop execution verdicts for agentic executors (§5.6): the exact texts, when they apply,
-and end to end on CODE rows (simulated tasks, hidden tests) and MATH rows (python blocks run)."""
+"""In-loop execution verdicts for agentic executors (docs/protocol.md, "What a worker receives"):
+the exact texts, when they apply, and end to end on CODE rows (simulated tasks, hidden tests) and
+MATH rows (python blocks run)."""
 
 import asyncio
 

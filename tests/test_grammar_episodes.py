@@ -1,5 +1,6 @@
-"""The three trajectories of spec §1.5 driven through the protocol API the way the episode
-runner drives it (a scripted policy and scripted workers, one token per character)."""
+"""Three example trajectories (single, multi, agentic; plus a forced arm ending in a violation)
+driven through the protocol API the way the episode runner drives it (a scripted policy and
+scripted workers, one token per character)."""
 
 from __future__ import annotations
 

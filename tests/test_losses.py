@@ -274,8 +274,9 @@ def test_segment_without_free_rows_equals_global():
 
 
 def test_global_reduction_keeps_kl_on_dirty_rows():
-    """§6.12: the global path (grpo_gated: cold start, wo_comet) only zeroes a dirty row's
-    advantage, so its KL (and entropy) still count; the segment path drops the row."""
+    """docs/algorithm.md, "Reductions": the global path (grpo_gated: cold start, wo_comet) only
+    zeroes a dirty row's advantage, so its KL (and entropy) still count; the segment path drops
+    the row."""
     resp = jnp.array([[1, 1, 1], [1, 1, 0]], jnp.float32)
     clean = jnp.array([1.0, 0.0])
     lp = jnp.full((2, 3), -1.0)

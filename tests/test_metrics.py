@@ -1,4 +1,4 @@
-"""Per-step metrics (rl/metrics.py, reference routeweaver.md §6.14): exact values on a hand-built
+"""Per-step metrics (rl/metrics.py, docs/metrics.md): exact values on a hand-built
 batch (forced and free groups, an invalid mode, a violation, dirty rows, two domains), the
 advantage metrics on hand-made advantages and on a real COMET-GRPO output, window means, and
 one batch of real episodes (scripted router, simulated workers, real scorers)."""
@@ -319,7 +319,7 @@ def test_real_episodes(tok):
     assert m["violation/selector_mode_invalid"] == 0.5
     assert m["reward/by_mode/invalid"] == -1.0
     assert m["rows/by_domain/RECALL"] == m["rows/by_domain/KNOWLEDGE"] == 2.0
-    assert m["episode/mode_span_tokens_mean"] == 7.0  # `<mode>single</mode>` (§6.6)
+    assert m["episode/mode_span_tokens_mean"] == 7.0  # `<mode>single</mode>`
     assert m["episode/policy_tokens_mean"] == pytest.approx(
         np.mean([sum(t.policy_mask) for t in trajs]))
     assert m["reward/mean"] == pytest.approx(np.mean([r.r_task for r in rewards]))
@@ -327,7 +327,7 @@ def test_real_episodes(tok):
     assert m["finish/answer"] == m["finish/violation"] == 0.5
 
 
-# ------------------------------------------------------------------ episode diagnostics (§6.14)
+# ----------------------------------------------------------- episode diagnostics (docs/metrics.md)
 def drow(record, *, r, sources=None, mask=None, correct=False, infra=False, s_cost=-1.0,
          forced_mode=None, **fields):
     """A (Trajectory, Rewards) pair with the diagnostic fields set by hand. `sources` /

@@ -1,4 +1,4 @@
-"""configs/paper/: the RouteWeaver paper run (reference §6.8-6.10, §7) as `routeweaver train`
+"""configs/paper/: the RouteWeaver paper run (docs/paper_configs.md) as `routeweaver train`
 configs. Loads every file (no model, no network) and checks the reference numbers per arm."""
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def test_every_arm_loads_with_the_shared_reference_numbers(name):
     p = r.protocol
     assert (p.selector_max_tokens, p.max_workers, p.action_turn_limit) == (64, 8, 10)
     assert (p.response_length, p.worker_max_tokens) == (16384, 4096)
-    # §2.7: dynamic observation budget, reserve 1024, cap 4096, >= 256 per observation.
+    # Dynamic observation budget (docs/protocol.md, "Observations"): reserve 1024, cap 4096,
+    # >= 256 per observation.
     assert (p.observation_cap, p.obs_reserve, p.obs_budget_cap, p.obs_min_per_obs,
             p.obs_tail_fraction) == (None, 1024, 4096, 256, 0.5)
     assert p.routing_state and not p.recovery and not p.multi_attach_previous
@@ -103,7 +104,7 @@ def test_main_arms_continue_the_cold_arm_on_the_global_schedule(name):
     assert forced_ratio(25, ex) == 1.0
     assert forced_ratio(74, ex) == pytest.approx(0.02)
     assert forced_ratio(75, ex) == 0.0
-    # Full saves at global 50, 75 and the end, 90 (§7.2), all kept.
+    # Full saves at global 50, 75 and the end, 90 (the reference's saves), all kept.
     every = cfg.checkpoint.full_every
     saves = {s for s in range(COLD_STEPS + 1, cfg.steps + 1) if s % every == 0 or s == cfg.steps}
     assert saves == {50, 75, 90} and cfg.checkpoint.keep_full >= len(saves)

@@ -42,7 +42,7 @@ def code_record(**changes) -> Record:
     return Record(**fields)
 
 
-# A row as the reference parquet holds it (§7.3), including keys we do not interpret.
+# A row as the reference parquet holds it, including keys we do not interpret.
 REFERENCE_ROW = {
     "data_source": "routeweaver",
     "prompt": [{"role": "user", "content": "You are a router. ...\nQuestion: What is 2 + 3?"}],

@@ -1,4 +1,4 @@
-"""RouteWeaver reward composition (reference routeweaver.md §5.1, §5.2): failure classification,
+"""RouteWeaver reward composition (docs/algorithm.md, "Rewards"): failure classification,
 task and efficiency rewards, the recovery branch, code candidates in reference order. Every
 trajectory is built by hand and graded by a fake scorer that records what it was asked."""
 
@@ -85,7 +85,8 @@ CASES = [
      FakeScorer(), "wrapper_error", 0.0, 0.0),
     ("wrapper_beats_selector", traj(violation="selector_mode_missing", finish="loop_error"),
      FakeScorer(), "wrapper_error", 0.0, 0.0),
-    # RouteWeaverEnv's payload-hygiene finish (§2.4), even on a correct answer.
+    # RouteWeaverEnv's payload-hygiene finish (docs/protocol.md, "What a worker receives"), even
+    # on a correct answer.
     ("wrapper_payload_finish", traj(answer="Paris", calls=[ok()], finish="wrapper_error"),
      FakeScorer(), "wrapper_error", 0.0, 0.0),
     ("selector_invalid", traj(violation="selector_mode_missing", finish="violation"),
@@ -240,6 +241,11 @@ def test_the_run_rewards_with_its_protocols_recovery_branch(recovery):
     assert (config.recovery, config.c_ref, config.alpha) == (recovery, 0.001, 0.0)
     t = traj(answer="London", violation="answer_premature")
     assert reward(t, judge(t, scorer=FakeScorer()), config).r_task == (0.0 if recovery else -1.0)
+    # Recovered from a violation (the env lists it in `violations`, the episode goes on) but
+    # never answered: the recovery branch's -1; the no-recovery branch has no terminal code.
+    t = traj(answer=None)
+    t.violations.append("route_missing")
+    assert reward(t, judge(t, scorer=FakeScorer()), config).r_task == (-1.0 if recovery else 0.0)
 
 
 # -------------------------------------------------------------------- code candidates

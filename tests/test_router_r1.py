@@ -1,4 +1,4 @@
-"""Router-R1 dialect (reference/router-r1.md §1-§3): prompt, parser, observations, turns,
+"""Router-R1 dialect (docs/router_r1.md): prompt, parser, observations, turns,
 format checks. The real Qwen3 tokenizer is built once per session into a temporary cache."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Router-R1 reward (reference router-r1.md §3): format gate, EM/F1, the sqrt/p5-p95 cost window
+"""Router-R1 reward (docs/router_r1.md): format gate, EM/F1, the sqrt/p5-p95 cost window
 on hand-computed numbers, eviction at 1000, save/restore, hierarchical gating and alpha."""
 
 import json
@@ -67,7 +67,8 @@ def test_no_answer_gets_the_format_score():
 
 
 def test_golden_combination_alpha_06_cost_07():
-    # §7.6: α = 0.6, C = 0.7 -> correct 0.82, wrong 0, bad format -1.
+    # Golden fixture from Router-R1's reward: α = 0.6, C = 0.7 -> correct 0.82, wrong 0, bad
+    # format -1.
     assert combine(0.0, True, True, 1.0, 0.7, 0.6) == pytest.approx(0.4 + 0.42)
     assert combine(0.0, True, False, 0.0, 0.7, 0.6) == 0.0
     assert combine(-1.0, True, True, 1.0, 0.7, 0.6) == -1.0
@@ -125,7 +126,7 @@ def test_f1(pred, gold, expected):
 
 # ----------------------------------------------------------------------------- window
 def test_golden_cost_sequence():
-    # §3.5: raw 0, 100, 0, 25, 88, 0 on a fresh window.
+    # Golden sequence for Router-R1's cost window: raw 0, 100, 0, 25, 88, 0 on a fresh window.
     window = CostWindow()
     got = [window.update(c) for c in (0, 100, 0, 25, 88, 0)]
     # 4th: sorted x = [0, 0, 5, 10]; lo = 0, hi = 5 + 5·0.85 = 9.25 -> 1 − 5/9.25.

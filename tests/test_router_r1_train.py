@@ -224,7 +224,7 @@ def random_action(constraints, grammar, rng) -> list[int]:
 def test_every_constrained_episode_passes_router_r1_format_check():
     """Random walks through the per-turn grammars (what a random-init router does), stitched
     into episodes with real observations: every action parses as intended, fits the bound
-    the turn cap is checked against, and the whole response passes §3.4."""
+    the turn cap is checked against, and the whole response passes Router-R1's format check."""
     import numpy as np
 
     from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
@@ -308,5 +308,11 @@ def test_rollout_metrics_of_router_r1_rows():
     assert m["r1/em"] == m["accuracy/mean"] == 0.75
     assert m["r1/calls"] == m["r1/routes"] == 0.25
     assert m["r1/cost_raw"] == pytest.approx(30.0 / 4)
+    # No row with a known raw cost: the key is left out (a None would break the run log).
+    import dataclasses
+
+    from jax_routeweaver.rl.metrics import router_r1_metrics
+    unknown = [dataclasses.replace(d, raw_cost=None) for d in details]
+    assert "r1/cost_raw" not in router_r1_metrics(trajs, unknown)
     assert m["reward/mean"] == pytest.approx(sum(d.reward for d in details) / 4)
     assert m["failure_kind/parser_error"] == 0.25

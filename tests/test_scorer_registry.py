@@ -1,4 +1,4 @@
-"""Scorer registry (§5.3): names, lookup errors, registration rules."""
+"""Scorer registry: names, lookup errors, registration rules."""
 
 import importlib.util
 

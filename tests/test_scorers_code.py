@@ -1,4 +1,4 @@
-"""Code scorers (§5.3/§5.4): program extraction, the LCB and APPS comparison rules, table-driven
+"""Code scorers: program extraction, the LCB and APPS comparison rules, table-driven
 end to end through the registry, and the simulated CODE tasks (reference program passes, buggy
 one fails)."""
 

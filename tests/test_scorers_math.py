@@ -1,4 +1,4 @@
-"""Math scorer (§5.4): math_verify in a process pool plus the reference's own rules."""
+"""Math scorer: math_verify in a process pool plus the reference's own rules."""
 
 import concurrent.futures
 import os

@@ -1,4 +1,4 @@
-"""Text scorers (§5.4): letter, SAT/UNSAT, TriviaQA alias EM, short-answer EM / containment."""
+"""Text scorers: letter, SAT/UNSAT, TriviaQA alias EM, short-answer EM / containment."""
 
 import pytest
 

@@ -1,7 +1,8 @@
 """The SIMULATED worker pool and synthetic tasks: determinism, skills, roles, usage, design.
 
-Payloads here follow the reference formats (§2.4 single/multi, §3.4 agentic roles) in our own
-words; the simulator must recognise them by question text and role keywords only.
+Payloads here follow the reference formats (single/multi and agentic roles; docs/protocol.md,
+"What a worker receives") in our own words; the simulator must recognise them by question text
+and role keywords only.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from jax_routeweaver.routing.simulated import (
     synthetic_tasks,
 )
 
-# Reference price table (§4.2), USD per 1M tokens (input, output). Kept here on purpose: the
-# simulator reports usage only, cost is the caller's business.
+# Reference price table (docs/algorithm.md, "Trajectory cost"), USD per 1M tokens (input,
+# output). Kept here on purpose: the simulator reports usage only, cost is the caller's
+# business.
 PRICES = {"worker_1": (0.02, 0.05), "worker_2": (0.02, 0.05), "worker_3": (0.10, 0.30),
           "worker_4": (0.119, 0.20), "worker_5": (0.10, 0.32), "worker_6": (0.10, 0.40)}
 
@@ -71,7 +73,8 @@ def role_payload(role: str, question: str, task: str,
 
 
 def extract(text: str) -> str:
-    """Reference §5.5, enough for simulator replies: last <answer> body, else last line."""
+    """The reference's answer extraction, enough for simulator replies: last <answer> body, else
+    last line."""
     tags = re.findall(r"<answer>([\s\S]*?)</answer>", text, re.IGNORECASE)
     if tags:
         return tags[-1].strip()

@@ -168,7 +168,7 @@ def test_support_gradient_equals_full_graph():
 
 def test_support_pass_logs_the_mode_distribution():
     """The teacher-forced scores give π_M per query: π̄ over all, free and forced queries,
-    and the first scored token's probability (§6.14's mode/pibar_all, free|forced/pi,
+    and the first scored token's probability (docs/metrics.md's mode/pibar_all, free|forced/pi,
     mode/pi1), recomputed here from plain per-row forwards."""
     prompts, decls = support_rows(seed=0)
     forced = [True, False, False, True, False]

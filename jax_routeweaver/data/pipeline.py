@@ -1,8 +1,8 @@
 """Query batches for training: a deterministic, resumable grain pipeline over `Record`s.
 
-The reference (§7.2–7.3) reads its training parquet in order, 32 rows per step, every step
-holding the domain census {MATH 7, CODE 7, KNOWLEDGE 7, REASON 6, RECALL 5}, and a row's
-`batch_index` is training step − 1. Here that composition is made from any record set:
+The reference reads its training parquet in order, 32 rows per step, every step holding the
+domain census {MATH 7, CODE 7, KNOWLEDGE 7, REASON 6, RECALL 5}, and a row's `batch_index` is
+training step − 1. Here that composition is made from any record set:
 `plan_batches` gives each domain a (seeded) order and fills batch b with the next quota of
 rows from each domain; `QueryPipeline` serves those batches as a `grain.MapDataset`, and its
 iterator's state is a small JSON dict that resumes a run at exactly the next batch.
@@ -41,7 +41,8 @@ __all__ = [
     "plan_batches",
 ]
 
-# Reference batch census (§7.2 pre-flight check); its order is the order rows take in a batch.
+# Reference batch census (its launcher's pre-flight check); its order is the order rows take in
+# a batch.
 DEFAULT_QUOTAS: Mapping[Domain, int] = types.MappingProxyType({
     Domain.MATH: 7, Domain.CODE: 7, Domain.KNOWLEDGE: 7, Domain.REASON: 6, Domain.RECALL: 5,
 })

@@ -1,5 +1,6 @@
-"""Benchmark records -> the data files of a paper run (reference routeweaver.md §7.3-§7.4,
-§6.9; router-r1.md §4.3).
+"""Benchmark records -> the data files of a paper run (docs/usage.md, "Data"): RouteWeaver's
+training, cold-start and evaluation files as the reference's, and Router-R1's files as its
+upstream data.
 
 Every file draws its rows from `SourcePool`s: the usable records of one source file (see
 `sources.py`) in a seeded draw order, handed out front to back, so files drawn from one pool
@@ -15,8 +16,8 @@ Files (in `out_dir`):
                                         `batch_size` in the domain-quota order, `batch_index`
                                         0.., balanced forced modes per batch (11/11/10 of 32)
   parquet/routeweaver_cold_pool.parquet the cold arm's own `cold_batches` (25) batches, same mix
-                                        scaled, disjoint from the training file (§6.9)
-  eval/eval_600_free, eval_700_free, eval_triviaqa120_free   the in-distribution sets (§7.4)
+                                        scaled, disjoint from the training file
+  eval/eval_600_free, eval_700_free, eval_triviaqa120_free   the in-distribution sets
   eval/ood_aime149_free, ood_gpqa_diamond198_free, ood_bbh1080_free   out of distribution
   router_r1/train_nh, test_nh           Router-R1's 7,000 + 7,000 NQ/HotpotQA training rows
                                         and 100 + 100 validation rows
@@ -24,10 +25,10 @@ Evaluation rows are "free": no batch index, no forced mode.
 
 The training mix: the paper summary gives per-source counts (Omni-MATH 700, SATBench 700,
 SuperGPQA 600, APPS 400, PopQA 300, LiveCodeBench 300, TriviaQA 200) with a batch quota of
-7/7/6/7/5, while the reference launcher asserts 7/7/7/6/5 (reference §9.3). The reference code
-is the default (DESIGN.md), so `REFERENCE_MIX` is the summary's counts with SuperGPQA
-(KNOWLEDGE) and SATBench (REASON) sized to that census — 700 and 600; `PAPER_MIX` with
-`PAPER_QUOTAS` is the summary as written.
+7/7/6/7/5, while the reference launcher asserts 7/7/7/6/5. Where the two disagree the
+reference code's behaviour is the default, so `REFERENCE_MIX` is the summary's counts with
+SuperGPQA (KNOWLEDGE) and SATBench (REASON) sized to that census — 700 and 600; `PAPER_MIX`
+with `PAPER_QUOTAS` is the summary as written.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ MIXES: Mapping[str, tuple[Mapping[str, int], Mapping[Domain, int]]] = types.Mapp
     "reference": (REFERENCE_MIX, DEFAULT_QUOTAS), "paper": (PAPER_MIX, PAPER_QUOTAS)})
 TRAIN_BATCHES, COLD_BATCHES = 100, 25
 
-# §7.4: set600 = MATH L2-5 + APPS (scored) + SuperGPQA/SATBench/PopQA (not scored); set700 =
-# Omni-MATH, LiveCodeBench, TACO (100), SuperGPQA, SATBench, SimpleQA-Verified.
+# The reference's evaluation sets: set600 = MATH L2-5 + APPS (scored) + SuperGPQA/SATBench/PopQA
+# (not scored); set700 = Omni-MATH, LiveCodeBench, TACO (100), SuperGPQA, SATBench,
+# SimpleQA-Verified.
 EVAL_SETS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     "eval_600_free": ("math", "apps", "supergpqa", "satbench", "popqa"),
     "eval_700_free": ("omni_math", "livecodebench", "taco", "supergpqa", "satbench",
@@ -300,7 +302,7 @@ def build_router_r1_files(pools: Mapping[str, SourcePool],
                           test_pools: Mapping[str, SourcePool] | None = None, *,
                           train_count: int = 7000,
                           test_count: int = 100) -> dict[str, list[Record]]:
-    """Router-R1's files (router-r1.md §4.3): `train_nh` = `train_count` NQ + `train_count`
+    """Router-R1's files (its upstream data): `train_nh` = `train_count` NQ + `train_count`
     HotpotQA rows, `test_nh` = `test_count` of each from `test_pools` (NQ test, HotpotQA dev;
     default: the same pools, after the training rows). Rows keep Router-R1's shape: the
     question verbatim (the prompt is rendered at run time), gold = golden_answers,

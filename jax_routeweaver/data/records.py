@@ -1,8 +1,8 @@
 """The one record schema for real and synthetic questions, and its row / JSONL forms.
 
 A `Record` is one question with everything the pipeline, the episode runner and the scorers
-need. The reference stores questions as verl parquet rows (reference §7.3); `Record.to_row()`
-and `Record.from_row(row)` convert to and from exactly that shape:
+need. The reference stores questions as verl parquet rows; `Record.to_row()` and
+`Record.from_row(row)` convert to and from exactly that shape:
 
 ```
 {"data_source": str,
@@ -67,7 +67,8 @@ class Domain(enum.StrEnum):
 
 
 FORCED_MODES = ("single", "multi", "agentic")
-# Scorers that execute a program against `meta.tests` (reference §5.3); their rows need tests.
+# Scorers that execute a program against `meta.tests` (the reference's code scorers); their rows
+# need tests.
 CODE_SCORER_DATASETS = frozenset({"stdin", "apps_functional", "livecodebench", "taco_mm"})
 
 _ROW_KEYS = ("data_source", "prompt", "extra_info")
@@ -109,7 +110,7 @@ class Record:
       sample_id       [extra_info.sample_id] unique id of the question.
       domain          [extra_info.domain] a `Domain` (strings are converted, any case).
       dataset         [extra_info.dataset] benchmark name (logged as `rfm_dataset`).
-      scorer_dataset  [extra_info.scorer_dataset] which scorer grades it (reference §5.3).
+      scorer_dataset  [extra_info.scorer_dataset] which scorer grades it.
       question        [payload_json.raw_question] the raw question, verbatim.
       gold            [payload_json.gold] accepted answers (ints/floats become strings); at
                       least one non-empty answer unless the scorer runs code.
@@ -337,7 +338,8 @@ class Record:
 
 
 def _prompt_from_row(value: Any, sid: object) -> str | None:
-    """`prompt` column -> the one user message's content (reference §3.1), or None."""
+    """`prompt` column -> the one user message's content (docs/protocol.md, "The selector
+    prompt"), or None."""
     value = _plain(value)
     if value is None:
         return None

@@ -2,11 +2,10 @@
 
 Rows come from `dataset_files.read_rows` (local copies only: files, saved `datasets`
 directories, Hub snapshots). Each `Source` maps its dataset's public column layout
-(`Source.layout`) to records: the domain, the `scorer_dataset` that grades it (reference §5.3),
-gold answers in the form that scorer expects and, for code, `meta.tests` (+ `test_type`,
-`func_name`) as the code scorers read them. `sample_id` is `<source>[-<split>]-<id>`, the id
-being the dataset's own id column where it has one, else the row's 0-based position across the
-source's files.
+(`Source.layout`) to records: the domain, the `scorer_dataset` that grades it, gold answers in
+the form that scorer expects and, for code, `meta.tests` (+ `test_type`, `func_name`) as the
+code scorers read them. `sample_id` is `<source>[-<split>]-<id>`, the id being the dataset's
+own id column where it has one, else the row's 0-based position across the source's files.
 
 A row that does not fit the layout (missing column, wrong type, broken JSON) is *malformed*:
 `load_source` raises `RecordError` starting `<file>:<line>:` (JSON lines, 1-based) or
@@ -495,7 +494,7 @@ def _simpleqa_verified(row: Mapping[str, Any], ctx: RowContext) -> Record:
 
 
 def _flashrag(row: Mapping[str, Any], ctx: RowContext) -> Record:
-    """Router-R1's NQ / HotpotQA rows (FlashRAG layout), in its row shape (§4.3): data_source
+    """Router-R1's NQ / HotpotQA rows (FlashRAG layout), in its upstream row shape: data_source
     = the dataset, `ability` and `extra_info.index` kept beside ours."""
     answers = _dedupe(_str_list(_json_value(row, "golden_answers"), "golden_answers"))
     if not answers:
@@ -546,7 +545,7 @@ SOURCES: Mapping[str, Source] = {s.name: s for s in (
            "question, golden_answers", _flashrag),
 )}
 # nq / hotpotqa use the `triviaqa` scorer: SQuAD-normalised equality with any gold answer is
-# exactly Router-R1's EM (router-r1.md §3.2-3.3).
+# exactly Router-R1's EM.
 
 
 # ============================================================================ loading

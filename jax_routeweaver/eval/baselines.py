@@ -1,8 +1,8 @@
 """Single-round baselines: routers that send each query to ONE worker, once.
 
 Every baseline is scored from one table of worker outcomes, so all of them see the same
-replies, scorers and prices (Router-R1 §5.8's reference points; the RouteWeaver router's own
-rows come from `eval.evaluate`):
+replies, scorers and prices (the reference points a routing framework is expected to offer,
+as listed with Router-R1; the RouteWeaver router's own rows come from `eval.evaluate`):
 
 1. `collect_worker_outcomes`: for each record and each worker, one plain single-mode call with
    the payload a single-mode worker receives when the router's task is the question itself
@@ -94,7 +94,7 @@ class WorkerOutcomes:
 
     `correct`, `infra`, `cost_complete`: bool [R, W]; `cost_usd`: float64 [R, W];
     `calls`, `answers` (extracted answer, "" if none), `verdicts` (failure kind, e.g.
-    "correct", "genuine_incorrect", "provider_error"): [R][W] nested tuples.
+    "correct", "genuine_incorrect", "provider_error"): `[R][W]` nested tuples.
     """
 
     records: tuple[Record, ...]
@@ -159,7 +159,8 @@ class WorkerOutcomes:
 
 
 def single_payload(record: Record) -> str:
-    """The payload of a single-mode call whose task is the question itself (§2.4)."""
+    """The payload of a single-mode call whose task is the question itself (docs/protocol.md,
+    "What a worker receives")."""
     return single_multi_payload(record.question, record.question)
 
 

@@ -1,17 +1,18 @@
 """`evaluate(cfg, options)`: run a router checkpoint greedily over evaluation sets.
 
-Reference §7.4: the router decodes greedily, workers sample at temperature 0.2, one episode
-per question, verdicts from the real scorers (the benchmark verdict `correct`, not the
-training reward: a correct answer that ended in a violation counts as correct). The
-``model`` (dtypes, runtime options), ``rollout``, ``workers`` and ``reward`` sections of the
-training config are used as in training (`rl.loop`'s builders), with the router's sampling
-made greedy; worker calls bill at the pool's price table (`pricing.pool_prices`: a channel
-file's prices, the reference table for the simulated pool), and the pool is checked before
-anything is written (`rl.pool_check`: every offered worker priced; unless the run only
-replays, keys set and endpoints serving the configured models). Forcing a mode
-(`EvalOptions.force_mode`) injects the declaration the way the curriculum's forced arm
-does, which gives the fixed-paradigm baselines. ``rollout.dialect: router_r1`` evaluates a
-Router-R1 router (its dialect and scorer; cost in Router-R1's own prices, as in training).
+As the reference's evaluation (docs/usage.md, "Evaluate and compare"): the router decodes
+greedily, workers sample at temperature 0.2, one episode per question, verdicts from the real
+scorers (the benchmark verdict `correct`, not the training reward: a correct answer that ended
+in a violation counts as correct). The ``model`` (dtypes, runtime options), ``rollout``,
+``workers`` and ``reward`` sections of the training config are used as in training
+(`rl.loop`'s builders), with the router's sampling made greedy; worker calls bill at the pool's
+price table (`pricing.pool_prices`: a channel file's prices, the reference table for the
+simulated pool), and the pool is checked before anything is written (`rl.pool_check`: every
+offered worker priced; unless the run only replays, keys set and endpoints serving the
+configured models). Forcing a mode (`EvalOptions.force_mode`) injects the declaration the way
+the curriculum's forced arm does, which gives the fixed-paradigm baselines.
+``rollout.dialect: router_r1`` evaluates a Router-R1 router (its dialect and scorer; cost in
+Router-R1's own prices, as in training).
 
 Checkpoints (`resolve_checkpoint`): a Hugging Face directory, an orbax policy checkpoint
 directory (its latest step), one policy step directory, or a training run directory (its
@@ -127,7 +128,7 @@ class EvalOptions:
     limit: int | None = None
     batch_size: int = 0
     name: str = ""
-    worker_temperature: float = DEFAULT_TEMPERATURE  # reference §4.5 / §7.4
+    worker_temperature: float = DEFAULT_TEMPERATURE  # the reference's worker temperature
     progress: bool = True
 
     def __post_init__(self) -> None:

@@ -12,13 +12,13 @@ A dump (``rows.jsonl``) holds one JSON object per evaluated question with at lea
     accuracy(dataset)  = mean of `correct` over its rows (infra-failed rows count as wrong,
                          and are counted apart in `infra`)
     domains[d]         = mean of the accuracies of d's datasets (unweighted)
-    avg                = mean of the domain averages (the paper's "Avg", reference §7.4)
+    avg                = mean of the domain averages (the paper's "Avg")
     dataset_avg        = mean of the dataset accuracies
   where domains, avg and dataset_avg take the rows of Table 1's nine benchmarks only
   (`in_table1`): PopQA and the SuperGPQA/SATBench rows of the ``eval_600_free`` set are
-  left out of them, as §7.4 does, while the per-dataset table keeps every row;
-  `avg_covers` names the (set, dataset) pairs the averages cover and `avg_excluded` counts
-  the rows left out. Synthetic and custom sets are covered whole.
+  left out of them, as the reference's evaluation does, while the per-dataset table keeps
+  every row; `avg_covers` names the (set, dataset) pairs the averages cover and
+  `avg_excluded` counts the rows left out. Synthetic and custom sets are covered whole.
     mode_shares[m]     = share of rows whose mode is m ("none": no mode was declared), over
                          all rows and per domain
     mean_cost_usd, mean_calls, mean_tokens = means per question over all rows
@@ -61,7 +61,8 @@ ACCURACY_VS_COST_PNG = "accuracy_vs_cost.png"
 META_FILE = "eval.json"
 
 
-# §7.4: rows left out of Table 1's averages, by (evaluation set stem, dataset); "*" = any set.
+# Rows the reference's evaluation leaves out of Table 1's averages, by (evaluation set stem,
+# dataset); "*" = any set.
 TABLE1_EXCLUDED: frozenset[tuple[str, str]] = frozenset({
     ("*", "popqa"), ("eval_600_free", "supergpqa"), ("eval_600_free", "satbench")})
 
@@ -381,7 +382,7 @@ def compare(summaries: Mapping[str, Summary]) -> str:
     parts = ["## Accuracy (%) and cost per question", "", accuracy_table(summaries)]
     first = next(iter(summaries.values()))
     if first.avg_excluded:
-        parts += ["", f"Domain averages and Avg cover (reference §7.4): "
+        parts += ["", f"Domain averages and Avg cover (as the paper's Table 1): "
                   f"{', '.join(first.avg_covers)}; {first.avg_excluded} rows of the "
                   "other sets' PopQA / SuperGPQA / SATBench are left out of them."]
     for name, summary in summaries.items():

@@ -1,4 +1,4 @@
-"""In-loop execution feedback for agentic executors (reference §5.6).
+"""In-loop execution feedback for agentic executors (docs/protocol.md, "What a worker receives").
 
 The episode runner calls `aexecution_verdict` on every successful executor reply and, when it
 returns a text, prepends it to the observation body and to the node output (turning the
@@ -102,7 +102,7 @@ def math_program(reply: str) -> str | None:
 
 
 def applies(role: str | None, scorer_dataset: str, meta: Mapping[str, Any] | None) -> bool:
-    """True if §5.6 feedback is computed for this call (executor on a CODE row with tests, or
+    """True if execution feedback is computed for this call (executor on a CODE row with tests, or
     on a MATH row)."""
     if role != EXECUTOR_ROLE:
         return False

@@ -1,14 +1,14 @@
 """RouteWeaver's verdict, failure classification, task reward and efficiency reward.
 
-Reference `routeweaver.md` §5.1 (TaskRewardManager), §5.2 (CostRewardManager), §4.3 (cost).
+As the reference's TaskRewardManager and CostRewardManager (docs/algorithm.md, "Rewards").
 
 Verdict (`judge`): non-code rows score the router's answer and the agentic summarizer's answer
 (each when non-empty) and are correct if either is. Code rows try candidate programs in order,
 router turn -> summarizer reply -> (with `code_scorer="union"`, the paper setting) every
 successful worker reply containing a fence; the first that passes wins. Any scorer exception
-(an unknown scorer included, §5.3) marks the verdict `sandbox_error`.
+(an unknown scorer included) marks the verdict `sandbox_error`.
 
-Failure kind, first match wins (§5.1.2):
+Failure kind, first match wins (docs/algorithm.md, "Failure kinds"):
     wrapper_error      the loop or wrapper raised                                   [infra]
     parser_error       the selector turn was invalid
     execution_timeout  every worker call failed and an error mentions a timeout     [infra]
@@ -18,12 +18,12 @@ Failure kind, first match wins (§5.1.2):
     parser_error       grammar errors and no router answer
     genuine_incorrect
 
-Task reward (§5.1.3), no-recovery branch (the paper setting):
+Task reward (docs/algorithm.md, "Task reward"), no-recovery branch (the paper setting):
     r_task = 0 if infra;  −1 if a policy violation ended the episode (even if correct);
              +1 if correct;  0 otherwise.
 Recovery branch: 0 if infra; +1 if correct; −1 if grammar errors and no router answer; else 0.
 
-Efficiency reward (§5.2), for α > 0 and cost evaluation:
+Efficiency reward (docs/algorithm.md, "Efficiency reward"), for α > 0 and cost evaluation:
     r_eff = 0 if infra;  −1 if r_task = −1;  S_cost = 1/(1 + C/C_ref) if correct and the cost
             is complete;  0 otherwise.
 The α-mix of the two happens in the advantage code (after per-component normalisation).
@@ -119,10 +119,12 @@ def has_marker(traj: Trajectory, markers: Sequence[str]) -> bool:
 
 
 def grammar_errors(traj: Trajectory) -> tuple[str, ...]:
-    """The policy-violation codes of a trajectory: its terminal `violation`, plus notices that
-    are violation codes (how a recovered violation can be recorded)."""
+    """The policy-violation codes of a trajectory, each once: its terminal `violation`, the
+    violations the env recorded as the episode went (`Trajectory.violations`: with recovery
+    on, the ones it recovered from), and notices that are violation codes."""
     codes = [traj.violation] if traj.violation is not None else []
-    return (*codes, *(n for n in traj.notices if n in _VIOLATION_CODES and n not in codes))
+    codes += [*traj.violations, *(n for n in traj.notices if n in _VIOLATION_CODES)]
+    return tuple(dict.fromkeys(codes))
 
 
 def all_calls_failed(traj: Trajectory) -> bool:
@@ -136,7 +138,7 @@ def mentions_timeout(traj: Trajectory) -> bool:
 
 
 def classify(traj: Trajectory, graded_correct: bool, sandbox_error: bool) -> str:
-    """The failure kind (§5.1.2, first match wins); see the module doc."""
+    """The failure kind (first match wins); see the module doc."""
     if has_marker(traj, WRAPPER_MARKERS):
         return WRAPPER_ERROR
     if traj.violation is not None and traj.violation in _SELECTOR_CODES:
@@ -167,8 +169,9 @@ def last_fenced_block(text: str) -> str | None:
 
 
 def code_candidates(text: str | None) -> list[str]:
-    """Programs to try from one text (§5.1): the last `<answer>` body, then the last fenced
-    block (unless the body already holds it); the text itself when it has neither."""
+    """Programs to try from one text (docs/algorithm.md, "The verdict"): the last `<answer>`
+    body, then the last fenced block (unless the body already holds it); the text itself when
+    it has neither."""
     if not text or not text.strip():
         return []
     found: list[str] = []
@@ -209,8 +212,8 @@ def _call_scorer(scorer: Scorer, traj: Trajectory, text: str
     """(result, "") or (None, error description) when the scorer raised.
 
     Every exception is a sandbox error (infra, never "wrong"), an unknown scorer's KeyError
-    included (§5.3), except ImportError and IsolationUnavailable: a broken install or a host
-    without the sandbox's isolation would otherwise silently drop every code row as infra."""
+    included, except ImportError and IsolationUnavailable: a broken install or a host without
+    the sandbox's isolation would otherwise silently drop every code row as infra."""
     record = traj.record
     try:
         return scorer(record.scorer_dataset, text, list(record.gold), record.meta), ""
@@ -258,9 +261,9 @@ def grade_answers(traj: Trajectory, scorer: Scorer) -> _Graded:
 
 def judge(traj: Trajectory, *, code_scorer: CodeScorerMode = "union",
           scorer: Scorer = score) -> Verdict:
-    """Grade a trajectory and classify its failure (§5.1.1-2). `scorer(name, prediction, gold,
-    meta) -> ScoreResult` is injectable (tests); `code_scorer`: "union" (paper) or "final"
-    (router and summarizer only)."""
+    """Grade a trajectory and classify its failure (docs/algorithm.md, "The verdict" and
+    "Failure kinds"). `scorer(name, prediction, gold, meta) -> ScoreResult` is injectable
+    (tests); `code_scorer`: "union" (paper) or "final" (router and summarizer only)."""
     if code_scorer not in ("union", "final"):
         raise ValueError(f"code_scorer={code_scorer!r}: expected 'union' or 'final'")
     if traj.record.scorer_dataset in CODE_SCORER_DATASETS:
@@ -302,9 +305,9 @@ class Rewards:
     """Both reward components of one trajectory, plus what the trainer and logs need.
 
     `infra`: system failure (reward 0, dropped from the gradient). `clean`: not infra and no
-    failed worker call (§6.2 dispatch gate). `s_cost`: S_cost when the cost is complete, else
-    −1. `cost_usd`: worker cost (0 if the trajectory was never costed: `cost_reasons` then
-    says "not_costed").
+    failed worker call (the dispatch gate; docs/algorithm.md, "Clean rows"). `s_cost`: S_cost
+    when the cost is complete, else −1. `cost_usd`: worker cost (0 if the trajectory was never
+    costed: `cost_reasons` then says "not_costed").
     """
 
     r_task: float
@@ -339,7 +342,7 @@ class Rewards:
 
 
 def task_reward(traj: Trajectory, verdict: Verdict, recovery: bool = False) -> float:
-    """r_task ∈ {−1, 0, 1} (§5.1.3); see the module doc for both branches."""
+    """r_task ∈ {−1, 0, 1}; see the module doc for both branches."""
     if verdict.infra:
         return 0.0
     if recovery:
@@ -353,7 +356,7 @@ def task_reward(traj: Trajectory, verdict: Verdict, recovery: bool = False) -> f
 
 def efficiency_reward(r_task: float, verdict: Verdict, cost_complete: bool,
                       s_cost: float) -> float:
-    """r_eff ∈ {−1, 0} ∪ (0, 1] (§5.2): 0 infra, −1 if r_task = −1, S_cost if correct with a
+    """r_eff ∈ {−1, 0} ∪ (0, 1]: 0 infra, −1 if r_task = −1, S_cost if correct with a
     complete cost, else 0."""
     if verdict.infra:
         return 0.0

@@ -1,10 +1,11 @@
-"""Router-R1's hierarchical reward (reference `router-r1.md` §3), with its cost window as state.
+"""Router-R1's hierarchical reward (docs/router_r1.md), with its cost window as state.
 
-Per trajectory, on the decoded response (policy text and observations, no prompt):
+Exactly as Router-R1's reference code computes it, per trajectory, on the decoded response
+(policy text and observations, no prompt):
 
-    F = 0 if `router_r1.format_violations(response)` is empty else −1               (§3.4)
-    EM, F1 of the last `<answer>` against the gold list, SQuAD-normalised           (§3.1-§3.3)
-    C = CostWindow.update(raw_cost)       (sqrt, p5/p95 over the last 1000, inverted; §3.5)
+    F = 0 if `router_r1.format_violations(response)` is empty else −1         (format check)
+    EM, F1 of the last `<answer>` against the gold list, SQuAD-normalised
+    C = CostWindow.update(raw_cost)       (sqrt, p5/p95 over the last 1000, inverted)
     reward = F                          if there is no answer (F = −1 in practice: rule 5)
            = −1                         if F = −1
            = (1 − α)·1  + α·C           if F = 0 and EM = 1          (metric "em")
@@ -15,10 +16,11 @@ The window is updated for every trajectory in batch order, whether or not its co
 and the current sample is part of its own statistics; a trajectory whose cost is unknown (a
 successful call without a plausible usage report) leaves the window alone, gets C = 0 and
 raw cost None, and is infra for the trainer (`rl/router_r1_run.as_rewards`). Raw cost is
-Router-R1's: completion tokens × $/1M of every successful call, i.e. micro-dollars (§2.4,
-`router_r1_raw_cost`).
+Router-R1's: completion tokens × $/1M of every successful call, i.e. micro-dollars
+(`router_r1_raw_cost`, as Router-R1's cost accounting).
 Keep separate train and validation windows (the reference shares one module-global window and
-never checkpoints it, §4.7); save each with `state_dict()`.
+never checkpoints it; docs/paper_configs.md, "configs/router_r1.yaml"); save each with
+`state_dict()`.
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 # ------------------------------------------------------------------------------ outcome
 def normalize_answer(text: str) -> str:
-    """SQuAD normaliser (§3.2): lower-case -> drop punctuation -> articles to spaces -> collapse
-    whitespace."""
+    """SQuAD normaliser (as Router-R1's reward): lower-case -> drop punctuation -> articles to
+    spaces -> collapse whitespace."""
     text = text.lower().translate(_PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
@@ -79,20 +81,21 @@ def _f1_one(pred: str, gold: str) -> float:
 
 
 def f1_score(prediction: str, gold: str | Iterable[str]) -> float:
-    """Token F1 of normalised strings, max over gold answers (§3.3); 0 when either side is
+    """Token F1 of normalised strings, max over gold answers; 0 when either side is
     `yes`/`no`/`noanswer` and the two differ, or when no token is shared."""
     pred = normalize_answer(prediction)
     return max((_f1_one(pred, normalize_answer(g)) for g in _gold_list(gold)), default=0.0)
 
 
 def format_score(violations: Sequence[str]) -> float:
-    """F = 0 when no §3.4 check failed, else −1 (all penalty constants are −1)."""
+    """F = 0 when no format check failed, else −1 (all penalty constants are −1)."""
     return 0.0 if not violations else -1.0
 
 
 # --------------------------------------------------------------------------- cost window
 class CostWindow:
-    """Sliding window of the last `size` transformed costs x = sqrt(raw) (§3.5).
+    """Sliding window of the last `size` transformed costs x = sqrt(raw), as Router-R1's cost
+    normalisation.
 
     `update(raw)`: push x, then lo/hi = 5th/95th percentile of the window (linear
     interpolation, numpy's default; min/max with one entry); return 0.5 if hi − lo < 1e-8,
@@ -188,8 +191,8 @@ def worker_prices(model_workers: Mapping[str, str]) -> dict[str, float]:
 
 def router_r1_raw_cost(calls: Iterable[WorkerCall], prices: Mapping[str, float]
                        ) -> float | None:
-    """Σ completion_tokens × $/1M over successful calls (micro-dollars; §2.4). Prompt tokens
-    and failed calls cost 0. None (unknown) if a successful call has no usage (the worker
+    """Σ completion_tokens × $/1M over successful calls (micro-dollars). Prompt tokens and
+    failed calls cost 0. None (unknown) if a successful call has no usage (the worker
     reported none, or an implausible one); raises for an unpriced worker."""
     total = 0.0
     unknown = False
@@ -243,7 +246,7 @@ class RouterR1Reward:
 
 def combine(format_value: float, has_answer: bool, correct: bool, outcome: float,
             cost_value: float, alpha: float) -> float:
-    """Hierarchical gating (§3.6): format, then outcome, then cost (only for correct ones)."""
+    """Hierarchical gating: format, then outcome, then cost (only for correct ones)."""
     if not has_answer:
         return format_value if format_value == -1.0 else format_value * (1.0 - alpha)
     if format_value == -1.0:
@@ -256,7 +259,7 @@ def combine(format_value: float, has_answer: bool, correct: bool, outcome: float
 def router_r1_reward(response: str, gold: str | Sequence[str], raw_cost: float | None,
                      window: CostWindow,
                      config: RouterR1RewardConfig | None = None) -> RouterR1Reward:
-    """Router-R1's reward for one decoded `response`; updates `window` (§3.5) unless the cost
+    """Router-R1's reward for one decoded `response`; updates `window` unless the cost
     is unknown (`raw_cost` None: then C = 0)."""
     config = config or RouterR1RewardConfig()
     cost_value = window.update(raw_cost) if raw_cost is not None else 0.0

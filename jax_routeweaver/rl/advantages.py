@@ -1,4 +1,4 @@
-"""Advantage estimators: gated GRPO, COMET-GRPO and COMET-GDPO (spec §6.1–6.6, §6.11, §6.12).
+"""Advantage estimators: gated GRPO, COMET-GRPO and COMET-GDPO (docs/algorithm.md, "Advantages").
 
 Pure, jittable functions over a flat batch of N trajectories of T response tokens.
 Groups (queries, K rollouts each) are integer ids in ``[0, num_groups)``; ``num_groups``
@@ -9,7 +9,7 @@ Per-row inputs (shapes in brackets):
 - ``rewards [N]`` float: the task reward (sum of the token-level rewards).
 - ``group_ids [N]`` int: the query a rollout belongs to.
 - ``clean [N]`` bool: False for rows with a failed worker call or an infra failure; such
-  rows leave the group statistics and get zero advantage (§6.2).
+  rows leave the group statistics and get zero advantage (docs/algorithm.md, "Clean rows").
 - ``forced [N]`` bool: the row's query was forced into a mode (never mixed within a group).
 - ``mode_ids [N]`` int: executed mode, 0 single, 1 multi, 2 agentic, 3 invalid ("" mode,
   its own bucket). Values outside [0, 3] are clipped into [0, 3].
@@ -59,7 +59,8 @@ class _GroupStats(NamedTuple):
 
 
 def _group_stats(values, group_ids, survivors, num_groups, eps, std_threshold) -> _GroupStats:
-    """μ, σ+ε and the gate of each group over its survivors (§6.3).
+    """μ, σ+ε and the gate of each group over its survivors (docs/algorithm.md, "Group
+    statistics and the zero-variance gate").
 
     values [N] float32, group_ids [N] int32, survivors [N] bool.
     """
@@ -97,7 +98,8 @@ class _RowAdvantages(NamedTuple):
 
 
 def _decompose(values, group_ids, survivors, free, mode_ids, num_groups, eps, std_threshold):
-    """Per-row (A_mode, A_inner, A_grpo) of one reward component (§6.4, §6.5).
+    """Per-row (A_mode, A_inner, A_grpo) of one reward component (docs/algorithm.md,
+    "COMET-GRPO").
 
     Free rows: A_mode = (μ_m − μ)/(σ+ε), A_inner = (r − μ_m)/(σ+ε).
     Forced rows: A_mode = 0, A_inner = A_grpo = (r − μ)/(σ+ε).
@@ -116,7 +118,8 @@ def _decompose(values, group_ids, survivors, free, mode_ids, num_groups, eps, st
 
 
 def _token_advantages(a_mode, a_inner, free, mode_span_end, response_mask):
-    """[N, T]: A_mode on free rows' tokens t < mode_span_end, A_inner elsewhere, × mask (§6.6)."""
+    """[N, T]: A_mode on free rows' tokens t < mode_span_end, A_inner elsewhere, × mask
+    (docs/algorithm.md, "Token advantages and the mode-token mask")."""
     t = jnp.arange(response_mask.shape[1], dtype=jnp.int32)[None, :]
     is_mode_tok = free[:, None] & (t < mode_span_end[:, None])
     adv = jnp.where(is_mode_tok, a_mode[:, None], a_inner[:, None])
@@ -124,7 +127,8 @@ def _token_advantages(a_mode, a_inner, free, mode_span_end, response_mask):
 
 
 def mode_token_mask(forced, mode_span_end, response_mask):
-    """§6.6 mode-token mask [N, T] bool: free row, ``t < mode_span_end``, response token."""
+    """Mode-token mask [N, T] bool: free row, ``t < mode_span_end``, response token
+    (docs/algorithm.md, "Token advantages and the mode-token mask")."""
     t = jnp.arange(response_mask.shape[1], dtype=jnp.int32)[None, :]
     free = ~jnp.asarray(forced, bool)
     span = jnp.asarray(mode_span_end, jnp.int32)
@@ -156,7 +160,8 @@ def grpo_gated(
     eps: float = EPS,
     std_threshold: float = GROUP_STD_THRESHOLD,
 ) -> Advantages:
-    """Gated GRPO (§6.12): one advantage per row on every response token.
+    """Gated GRPO (docs/algorithm.md, "grpo_gated"): one advantage per row on every response
+    token.
 
     rewards [N] float, group_ids [N] int in [0, num_groups), clean [N] bool,
     response_mask [N, T]. Statistics over clean members only (singleton: mean 0 / std 1),
@@ -187,7 +192,7 @@ def comet_grpo(
     std_threshold: float = GROUP_STD_THRESHOLD,
     debug: bool = False,
 ) -> Advantages:
-    """COMET-GRPO (§6.3–6.6).
+    """COMET-GRPO (docs/algorithm.md, "COMET-GRPO").
 
     rewards [N] float, group_ids [N] int, clean [N] bool, forced [N] bool, mode_ids [N] int
     (0..3, 3 = invalid), mode_span_end [N] int, response_mask [N, T].
@@ -230,13 +235,14 @@ def comet_gdpo(
     std_threshold: float = GROUP_STD_THRESHOLD,
     debug: bool = False,
 ) -> Advantages:
-    """COMET-GDPO (§6.11): task and efficiency components normalised separately, then mixed.
+    """COMET-GDPO (docs/algorithm.md, "COMET-GDPO"): task and efficiency components normalised
+    separately, then mixed.
 
     task_rewards [N] float, eff_rewards [N] float, cost_complete [N] bool (None = all True),
     other inputs as in :func:`comet_grpo`; ``alpha`` scalar (may be traced).
 
     Survivors = clean ∧ cost_complete. Per component d: μ_d, Bessel σ_d, singleton and
-    zero-variance gate as in §6.3, each component gated on its own. Mix after normalisation:
+    zero-variance gate as in COMET-GRPO, each component gated on its own. Mix after normalisation:
     A_x = (1−α)·A_x,task + α·A_x,eff for x ∈ {mode, inner, grpo}; no re-whitening.
     At α = 0 the result is exactly ``comet_grpo(task_rewards, ...)`` (which ignores
     cost completeness), as in the reference's delegation.

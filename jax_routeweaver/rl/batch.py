@@ -109,7 +109,8 @@ def pack_rollouts(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *, gr
         forced[i] = traj.forced
         mode_ids[i] = MODE_IDS.get(traj.mode or "", adv_lib.MODE_INVALID)
         # A failed selector ends the episode (recovery off), so its span is the whole
-        # response: the policy span of the last selector attempt (§6.6).
+        # response: the policy span of the last selector attempt (docs/algorithm.md, "Batch
+        # layout").
         end = traj.mode_span_end if traj.mode_span_end is not None else len(traj.response_ids)
         span[i] = p + end
     attention[n_real:, 0] = True
@@ -166,8 +167,8 @@ def compute_advantages(batch: RolloutBatch, estimator: str, *, alpha: float = 0.
 
 
 def mode_mask(batch: RolloutBatch, estimator: str) -> np.ndarray:
-    """[N, L] selector-span tokens of free rows (§6.6); all zero for ``grpo_gated``, whose
-    advantage is one value per row."""
+    """[N, L] selector-span tokens of free rows (docs/algorithm.md, "Token advantages and the
+    mode-token mask"); all zero for ``grpo_gated``, whose advantage is one value per row."""
     if estimator == "grpo_gated":
         return np.zeros_like(batch.response_mask)
     return np.asarray(adv_lib.mode_token_mask(jnp.asarray(batch.forced),
@@ -178,8 +179,8 @@ def mode_mask(batch: RolloutBatch, estimator: str) -> np.ndarray:
 def check_query_groups(trajs: Sequence[Trajectory], group_size: int) -> None:
     """GRPO groups are rows ``[g·K, (g+1)·K)``: each must hold one query (``sample_id``), and
     no query two groups (Router-R1 upstream grouped by a per-dataset row index, so rows of two
-    datasets with the same index shared a group, router-r1.md §4.2). ValueError naming the
-    offending sample ids."""
+    datasets with the same index shared a group; docs/router_r1.md, "The GRPO variant").
+    ValueError naming the offending sample ids."""
     ids = [t.record.sample_id for t in trajs]
     groups = [ids[i:i + group_size] for i in range(0, len(ids), group_size)]
     mixed = [g for g in groups if len(set(g)) != 1]

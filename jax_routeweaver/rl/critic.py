@@ -1,4 +1,5 @@
-"""The critic of Router-R1's PPO (router-r1.md §4.1-4.2): a value per policy token.
+"""The critic of Router-R1's PPO (docs/router_r1.md, "PPO with a critic"): a value per policy
+token.
 
 Router-R1's critic is the policy's base model with a one-output token-classification head. Here
 it is a copy of the policy's backbone (its initial weights) and a linear head on the final-normed

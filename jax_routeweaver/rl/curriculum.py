@@ -1,4 +1,5 @@
-"""Progressive exploration curriculum (spec routeweaver §6.9, §6.10, §9 item 4).
+"""Progressive exploration curriculum (docs/algorithm.md, "The forced-mode curriculum" and
+"The minimum-support loss").
 
 Pure and deterministic: the forced ratio ρ_b is a function of the batch index, the
 forced/free verdict of a query is a sha256 draw on its ``sample_id`` (so every one of its
@@ -34,7 +35,8 @@ class ExplorationConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    """One training arm as run (§6.9): steps are 1-based, ``batch_index = step − 1``."""
+    """One training arm as run (docs/algorithm.md, "Phases as configured"): steps are 1-based,
+    ``batch_index = step − 1``."""
 
     name: str
     first_step: int
@@ -68,7 +70,8 @@ MAIN_PHASE = Phase(
 )
 PAPER_PHASES = (COLD_PHASE, MAIN_PHASE)
 
-# Ablations (§6.9): `wo_progressive` starts free at batch 0 with λ = 0.
+# Ablations (docs/algorithm.md, "Phases as configured"): `wo_progressive` starts free at batch 0
+# with λ = 0.
 WO_PROGRESSIVE = ExplorationConfig(
     forced_start_batch=-1, forced_anneal_steps=1, support_lambda0=0.0
 )
@@ -113,7 +116,7 @@ def is_forced(
     stage2_arm: str = "",
 ) -> bool:
     """Forced iff ρ ≥ 1, never if ρ ≤ 0, else ``u < ρ``; a row with a ``stage2_arm`` is
-    refused (§6.9)."""
+    refused (docs/algorithm.md, "Which queries are forced")."""
     if stage2_arm:
         raise ValueError(f"row {sample_id!r} carries stage2_arm={stage2_arm!r}; refused")
     rho = forced_ratio(batch_index, cfg)

@@ -1,4 +1,4 @@
-"""Episode diagnostics of one rollout batch (spec routeweaver §6.14), from what each
+"""Episode diagnostics of one rollout batch (docs/metrics.md), from what each
 `Trajectory` records: observation truncation, in-loop execution, mask provenance, episode
 shape, the forced arm per mode (``m1/*``), the two arms (``stage2/*``), per-question mode
 choice, cost coverage and the policy's probability of the mode it chose.
@@ -53,7 +53,8 @@ def ratio(numerator: float, denominator: float) -> float | None:
 
 
 def zero_variance(clean_rewards: Sequence[float]) -> bool:
-    """The estimator's gate (§6.3): ≤ 1 clean member, or all clean rewards equal."""
+    """The estimator's gate (docs/algorithm.md, "Group statistics and the zero-variance
+    gate"): ≤ 1 clean member, or all clean rewards equal."""
     return len(clean_rewards) <= 1 or len(set(clean_rewards)) == 1
 
 
@@ -94,13 +95,13 @@ def episode_diagnostics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards],
 
 def observation_metrics(trajs: Sequence[Trajectory], modes: Sequence[str] | None,
                         domains: Sequence[str]) -> dict[str, float]:
-    """Observation truncation (§2.7; Router-R1: its 600-token cap). ``obs/blocks_mean``:
-    observation blocks framed per row. ``obs/truncation_rate``: share of the batch's blocks
-    cut to the observation budget; ``obs/row_truncation_rate``: share of the rows with a block
-    that had at least one cut; ``obs/truncation_rate_by_mode/{mode}`` (not without `modes`) and
-    ``obs/truncation_rate_by_domain/{DOMAIN}``: the block share within those rows. Rates are
-    left out where no block was framed. Observations dropped whole when the budget reached 0
-    (finish ``obs_budget_exhausted``) are not blocks."""
+    """Observation truncation (docs/protocol.md, "Observations"; Router-R1: its 600-token cap).
+    ``obs/blocks_mean``: observation blocks framed per row. ``obs/truncation_rate``: share of
+    the batch's blocks cut to the observation budget; ``obs/row_truncation_rate``: share of the
+    rows with a block that had at least one cut; ``obs/truncation_rate_by_mode/{mode}`` (not
+    without `modes`) and ``obs/truncation_rate_by_domain/{DOMAIN}``: the block share within
+    those rows. Rates are left out where no block was framed. Observations dropped whole when
+    the budget reached 0 (finish ``obs_budget_exhausted``) are not blocks."""
     out = {"obs/blocks_mean": sum(t.obs_blocks for t in trajs) / len(trajs)}
 
     def rate(idx: Iterable[int]) -> float | None:
@@ -124,7 +125,8 @@ def observation_metrics(trajs: Sequence[Trajectory], modes: Sequence[str] | None
 
 
 def exec_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """In-loop execution feedback of agentic executors (§5.6), batch counts:
+    """In-loop execution feedback of agentic executors (docs/protocol.md, "What a worker
+    receives"), batch counts:
     ``exec/runs`` executor replies judged in the loop (a verdict, or a harness failure),
     ``exec/sandbox_errors`` harness failures among them (the row is then infra),
     ``exec/rows_with_exec`` rows with at least one judged reply; and ``exec/pass_all_rate``:
@@ -152,7 +154,8 @@ def mask_metrics(trajs: Sequence[Trajectory], *, with_modes: bool = True) -> dic
     least mask of a sampled choice token (1); ``mask/env_span_max``: greatest mask of an
     environment token (0); ``mask/mode_span_min`` (with modes): least mask of a sampled choice
     token inside the mode span of a free row with a declared mode (1: the mode decision is
-    trained, §6.6). Each min/max is left out when it has no token."""
+    trained; docs/algorithm.md, "Token advantages and the mode-token mask"). Each min/max is
+    left out when it has no token."""
     known = [t for t in trajs if len(t.token_source) == len(t.policy_mask)
              == len(t.response_ids)]
     if not known:
@@ -176,12 +179,12 @@ def mask_metrics(trajs: Sequence[Trajectory], *, with_modes: bool = True) -> dic
 
 def shape_metrics(trajs: Sequence[Trajectory], modes: Sequence[str], *,
                   with_modes: bool = True) -> dict[str, float]:
-    """``episode/route_count_mean``: dispatched routes per row (Router-R1: searches naming a
-    known model). ``infra/loop_error_rate`` / ``infra/wrapper_error_rate``: rows an env
-    exception (``loop_error:*``) / a worker payload failing its hygiene check
-    (``wrapper_error``) ended (§2.1, §2.4). With modes: ``episode/selector_retries_mean``
-    (selector attempts after the first, over free rows) and ``episode/max_layer_width_mean``
-    (most calls in one layer, over agentic rows that dispatched a layer)."""
+    """``episode/route_count_mean``: dispatched routes per row (Router-R1: searches naming a known
+    model). ``infra/loop_error_rate`` / ``infra/wrapper_error_rate``: rows an env exception
+    (``loop_error:*``) / a worker payload failing its hygiene check (``wrapper_error``) ended
+    (docs/protocol.md, "How an episode ends"). With modes: ``episode/selector_retries_mean``
+    (selector attempts after the first, over free rows) and ``episode/max_layer_width_mean`` (most
+    calls in one layer, over agentic rows that dispatched a layer)."""
     n = len(trajs)
     out = {"episode/route_count_mean": sum(len(t.routes) for t in trajs) / n,
            "infra/loop_error_rate": sum(has_marker(t, (LOOP_ERROR,)) for t in trajs) / n,
@@ -219,7 +222,7 @@ def forced_mode_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards],
     ``forced_mode_honoured`` (executed mode = forced mode); ``unique_route_ratio`` (see
     `unique_route_ratio`, left out without routes); ``worker_calls_mean``; ``turns_mean``;
     ``groups`` (all-forced groups of that mode) and ``zero_variance_group_ratio`` (their
-    share the §6.3 gate zeroes)."""
+    share the estimator's zero-variance gate zeroes)."""
     index: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(trajs):
         if t.forced:
@@ -251,7 +254,8 @@ def forced_mode_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards],
 
 def arm_metrics(rewards: Sequence[Rewards], modes: Sequence[str],
                 free: Sequence[bool]) -> dict[str, float]:
-    """The curriculum's two arms (§6.9): ``stage2/forced_ratio`` / ``stage2/free_ratio``
+    """The curriculum's two arms (docs/algorithm.md, "The forced-mode curriculum"):
+    ``stage2/forced_ratio`` / ``stage2/free_ratio``
     (row shares); per arm (``free``, ``forced``, left out when the arm has no row)
     ``stage2/{arm}/reward_mean`` (r_task) and ``stage2/{arm}/mode_share/{label}`` (executed
     mode shares within the arm, ``invalid`` included)."""
@@ -287,12 +291,12 @@ def question_routing_metrics(modes: Sequence[str], free: Sequence[bool],
 
 def cost_metrics(trajs: Sequence[Trajectory], rewards: Sequence[Rewards],
                  prices: Prices | None) -> dict[str, float]:
-    """Cost coverage (§4.3, §5.2) over the costed rows (a `Trajectory.cost`; none for
-    Router-R1, which costs in its reward). ``cost/calls``: calls per costed row billed at a
-    price of `prices` (left out without it); ``cost/usage_unknown_rate`` /
-    ``cost/unpriced_rate``: rows whose cost misses a call's usage / prices a call of an
-    unpriced worker; ``cost/complete_rate``: rows with a complete cost; ``cost/s_cost_mean``:
-    mean S_cost = 1/(1 + C/C_ref) of the complete rows (left out without one)."""
+    """Cost coverage (docs/algorithm.md, "Trajectory cost") over the costed rows (a
+    `Trajectory.cost`; none for Router-R1, which costs in its reward). ``cost/calls``: calls per
+    costed row billed at a price of `prices` (left out without it); ``cost/usage_unknown_rate`` /
+    ``cost/unpriced_rate``: rows whose cost misses a call's usage / prices a call of an unpriced
+    worker; ``cost/complete_rate``: rows with a complete cost; ``cost/s_cost_mean``: mean
+    S_cost = 1/(1 + C/C_ref) of the complete rows (left out without one)."""
     costed = [(t, r) for t, r in zip(trajs, rewards, strict=True) if t.cost is not None]
     if not costed:
         return {}

@@ -1,4 +1,5 @@
-"""Generalised advantage estimation over the policy tokens (Router-R1's PPO, router-r1.md §4.2).
+"""Generalised advantage estimation over the policy tokens (Router-R1's PPO; docs/router_r1.md,
+"PPO with a critic").
 
 Router-R1 trains PPO with a learned critic. Its per-token reward is the episode's score on the
 last policy token minus a KL penalty on every policy token; GAE turns rewards and the critic's
@@ -6,9 +7,9 @@ values into advantages, and the advantages are whitened over the batch.
 
 All arrays are ``[N, P]``: row n's policy tokens in order (``RolloutBatch.policy_index``),
 ``mask`` 1 on real entries, which come first in each row (padding after them). Observation
-tokens are not among the entries: the recursion runs over the tokens the policy wrote, as
-router-r1.md §7.5 recommends; with γ = λ = 1 (Router-R1's settings) this gives the same
-advantage at every policy token as running it over observation tokens too, because an
+tokens are not among the entries: the recursion runs over the tokens the policy wrote
+(docs/router_r1.md, "PPO with a critic"); with γ = λ = 1 (Router-R1's settings) this gives the
+same advantage at every policy token as running it over observation tokens too, because an
 observation token's value cancels between its two δ terms.
 
     r_t   = −β · (logp_t − ref_t)                    every policy token (reward-KL, "kl")

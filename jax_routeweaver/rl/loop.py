@@ -1,14 +1,14 @@
 """`train(config)`: the RL loop that ties data, episodes, rewards, advantages and the learner.
 
-One step (DESIGN.md "One RL step"): query batch -> curriculum plan (forced/free per query)
+One step (docs/design.md, "One RL step"): query batch -> curriculum plan (forced/free per query)
 -> B×K episodes on the sampler and the worker pool -> verdicts and rewards -> advantages
 -> one update -> policy checkpoint (every step) and full train state (every N) -> publish the
 weights to the sampler as policy version = step and check it took. Metrics go to
 ``metrics.jsonl`` and TensorBoard; the run ends with plots and a summary table.
 
 ``rollout.dialect: router_r1`` runs Router-R1 in the same loop (`router_r1_run`): its
-episodes and reward, no curriculum, GRPO grouped by query; its cost window is saved with the
-full train state.
+episodes and reward, no curriculum, PPO with a critic (``ppo_gae``, `rl.ppo`) or GRPO grouped
+by query; its cost window (and the critic) are saved with the full train state.
 """
 
 from __future__ import annotations
@@ -284,7 +284,8 @@ def mode_declarations(tokenizer: Any) -> list[list[int]]:
 
 # ------------------------------------------------------------------------------ the loop
 class _Run:
-    """The live objects of one run (kept together so `step` reads like the spec)."""
+    """The live objects of one run (kept together so `step` reads like docs/design.md, "One RL
+    step")."""
 
     def __init__(self, cfg: TrainConfig, console: Console,
                  runtime: distributed.Runtime | None = None):
@@ -351,7 +352,7 @@ class _Run:
         self.trainer = Trainer(model, cfg.optim, loss,
                                temperature=cfg.rollout.temperature, mesh=self.mesh,
                                seed=cfg.seed)
-        # Router-R1's PPO: a critic started from the policy's initial weights (§4.1).
+        # Router-R1's PPO: a critic started from the policy's initial weights (docs/router_r1.md).
         self.critic = Critic(model, cfg.algo.critic, batching=self.trainer) \
             if cfg.algo.estimator == "ppo_gae" else None
         del model  # the sampler, the trainer and the critic hold their own copies

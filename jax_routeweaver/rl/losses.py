@@ -4,8 +4,8 @@ Nothing here runs a model: the trainer produces ``logp [B, T]`` (and, once per s
 ``old_logp`` / ``ref_logp``) and hands them in. Shapes use B = rows (sequences) of one
 micro-batch, T = response positions, Q = queries of a batch.
 
-Reduction contract (Tunix-style, spec routeweaver §6.7, jax-anchors §1.5/§7.3)
---------------------------------------------------------------------------------
+Reduction contract (Tunix-style; docs/algorithm.md, "Reductions")
+-----------------------------------------------------------------
 Every loss returns :class:`WeightedSum` parts ``(total, denom, coef)``: ``total`` is an
 *unreduced* masked sum over the tokens of this call, ``denom`` is the count it is divided
 by and ``coef`` a fixed weight. :func:`combine` turns parts into the scalar
@@ -54,10 +54,12 @@ class WeightedSum(NamedTuple):
 
 
 class SegmentCounts(NamedTuple):
-    """Mini-batch-global token counts for the segment reduction (§6.7).
+    """Mini-batch-global token counts for the segment reduction (docs/algorithm.md,
+    "Reductions").
 
     ``n_mode``: policy tokens of the selector span on free rows; ``n_inner`` = ``n_tokens``
-    − ``n_mode``; ``n_tokens``: every response token (dirty rows included, §9 item 24).
+    − ``n_mode``; ``n_tokens``: every response token (dirty rows included, as the reference
+    implementation counts them).
     """
 
     n_mode: jax.Array
@@ -126,7 +128,8 @@ def ppo_token_losses(
     clip_high: float = 0.2,
     clip_c: float = 3.0,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """verl ``vanilla`` policy loss per token (§6.8), no masking.
+    """verl ``vanilla`` policy loss per token (docs/algorithm.md, "PPO dual clip"), no
+    masking.
 
     Args: ``logp [B, T]`` current policy, ``old_logp [B, T]`` behaviour policy,
     ``advantages [B, T]`` (or ``[B, 1]`` broadcast).
@@ -215,8 +218,9 @@ def kl_loss(
 ) -> WeightedSum:
     """``β · token-mean(k3)``: ``WeightedSum(Σ_mask kl, denom or n_mask, coef=β)``.
 
-    ``logp, ref_logp, mask [B, T]``; ``denom`` is the global token count (§6.7: KL keeps one
-    reduction over the clean response mask with the global ``batch_num_tokens``).
+    ``logp, ref_logp, mask [B, T]``; ``denom`` is the global token count (docs/algorithm.md,
+    "KL to the reference (k3)": KL keeps one reduction over the clean response mask with the
+    global ``batch_num_tokens``).
     """
     chex.assert_rank([logp, ref_logp, mask], 2)
     chex.assert_equal_shape([logp, ref_logp, mask])
@@ -235,8 +239,8 @@ def entropy_loss(
 ) -> WeightedSum:
     """Entropy bonus as a loss, ``−coef · token-mean(H)``. ``entropy, mask [B, T]``.
 
-    The paper runs use ``coef = 0`` (§6.8); the trainer then computes no entropies and
-    leaves the term out.
+    The paper runs use ``coef = 0`` (docs/algorithm.md, "Entropy bonus"); the trainer then
+    computes no entropies and leaves the term out.
     """
     chex.assert_rank([entropy, mask], 2)
     chex.assert_equal_shape([entropy, mask])
@@ -252,8 +256,9 @@ def segment_counts(response_mask: jax.Array, mode_mask: jax.Array) -> SegmentCou
     """Token counts of a mini-batch (the trainer passes the whole mini-batch's masks; counts
     of parts of it would have to be summed before use).
 
-    ``response_mask, mode_mask [B, T]``. Dirty rows are counted (§6.7, §9 item 24); the
-    mode count is taken inside the response mask. Clamping to ≥ 1 happens at division.
+    ``response_mask, mode_mask [B, T]``. Dirty rows are counted, as the reference
+    implementation does (docs/algorithm.md, "Reductions"); the mode count is taken inside the
+    response mask. Clamping to ≥ 1 happens at division.
     """
     chex.assert_rank([response_mask, mode_mask], 2)
     chex.assert_equal_shape([response_mask, mode_mask])
@@ -282,15 +287,17 @@ def policy_loss_parts(
     clip_high: float = 0.2,
     clip_c: float = 3.0,
 ) -> tuple[dict[str, WeightedSum], dict[str, WeightedSum]]:
-    """All policy-side loss parts of one micro-batch (§6.7, §6.8).
+    """All policy-side loss parts of one micro-batch (docs/algorithm.md, "The policy loss").
 
     Args:
       logp, old_logp, response_mask: ``[B, T]``; ``advantages [B, T]`` per-token
         (``A_mode`` on mode tokens, ``A_inner`` elsewhere, as the estimator assigned them).
-      mode_mask: ``[B, T]`` selector-span tokens of free rows (§6.6); None = all zero.
+      mode_mask: ``[B, T]`` selector-span tokens of free rows (docs/algorithm.md, "Token
+        advantages and the mode-token mask"); None = all zero.
       clean: ``[B]`` clean-row flag; dirty rows drop out of every policy-gradient numerator
         but stay in the denominators; the KL and entropy parts drop them with
-        ``"segment"`` and keep them with ``"global"`` (§6.7, §6.12). None = all clean.
+        ``"segment"`` and keep them with ``"global"`` (docs/algorithm.md, "Reductions").
+        None = all clean.
       ref_logp: ``[B, T]`` frozen reference; None = no KL part.
       entropy: ``[B, T]`` per-token entropies; None = no entropy part.
       counts: mini-batch-global :class:`SegmentCounts`; None = this call's own counts.
@@ -355,7 +362,8 @@ def support_loss(
     lambda0: float = 0.002,
     floor: float = 0.05,
 ) -> tuple[WeightedSum, dict[str, jax.Array]]:
-    """Minimum-support loss over the batch's queries (§6.10).
+    """Minimum-support loss over the batch's queries (docs/algorithm.md, "The minimum-support
+    loss").
 
     Args: ``mode_scores [Q, 3]``: teacher-forced summed log-probs ``s_m`` of the three
     declarations (``single, multi, agentic``, content span) per query; ``rho`` the batch's
@@ -388,8 +396,9 @@ def support_loss(
 
 def mode_probability_metrics(mode_scores: jax.Array, first_scores: jax.Array,
                              forced: jax.Array) -> dict[str, jax.Array]:
-    """The policy's mode distribution from the support pass's teacher-forced scores (§6.10,
-    §6.14), per query ``π_M(·|x) = softmax(s)`` as in :func:`support_loss`.
+    """The policy's mode distribution from the support pass's teacher-forced scores
+    (docs/algorithm.md, "The minimum-support loss"; docs/metrics.md, "Mode choice"), per query
+    ``π_M(·|x) = softmax(s)`` as in :func:`support_loss`.
 
     Args: ``mode_scores [Q, 3]`` summed declaration log-probs; ``first_scores [Q, 3]`` the
     log-prob of each declaration's first scored token; ``forced [Q]`` which queries the
@@ -427,9 +436,10 @@ def support_score_cotangent(
     lambda0: float = 0.002,
     floor: float = 0.05,
 ) -> tuple[jax.Array, jax.Array]:
-    """``(λ·L, d(λ·L)/ds [Q, 3])`` for the two-pass scheme of §6.10: score all chunks
-    without gradients, get the exact cotangent here, then re-run each chunk's scoring under
-    ``jax.vjp`` with its slice of the cotangent and sum the parameter gradients.
+    """``(λ·L, d(λ·L)/ds [Q, 3])`` for the two-pass scheme (docs/algorithm.md, "The exact
+    two-pass gradient"): score all chunks without gradients, get the exact cotangent here,
+    then re-run each chunk's scoring under ``jax.vjp`` with its slice of the cotangent and sum
+    the parameter gradients.
     """
 
     def weighted(s: jax.Array) -> jax.Array:

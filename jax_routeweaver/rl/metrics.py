@@ -1,4 +1,4 @@
-"""Per-step training metrics (spec routeweaver §6.14), computed on the host from one rollout batch.
+"""Per-step training metrics (docs/metrics.md), computed on the host from one rollout batch.
 
 Pure functions over plain Python objects and numpy arrays (jax arrays are accepted through
 ``np.asarray``); each returns ``dict[str, float]`` keyed by '/'-separated names, ready for
@@ -10,12 +10,14 @@ them too.
 Conventions:
 - Mode labels are ``single``, ``multi``, ``agentic`` and ``invalid`` (a trajectory whose mode is
   None, i.e. the selector failed; like the reference's "" mode it is its own bucket).
-- A *free* row chose its mode itself; a *forced* row had it injected by the curriculum (§6.9).
+- A *free* row chose its mode itself; a *forced* row had it injected by the curriculum
+  (docs/algorithm.md, "The forced-mode curriculum").
 - A metric averaged over an empty set of rows or groups is left out rather than logged as 0 or
   NaN, so a missing key always means "nothing to measure this step" (the logger and
   `window_mean` tolerate missing keys). Exceptions are stated per metric.
-- Group statistics follow the estimator (§6.3): over clean members only, Bessel std, and a
-  group is zero-variance when its clean rewards are all equal (or it has ≤ 1 clean member).
+- Group statistics follow the estimator (docs/algorithm.md, "Group statistics and the
+  zero-variance gate"): over clean members only, Bessel std, and a group is zero-variance when
+  its clean rewards are all equal (or it has ≤ 1 clean member).
 - Router-R1 rows (`rollout_metrics(..., router_r1=...)`) have no mode: every mode, curriculum
   and mode-segment key is left out (a Router-R1 row would otherwise count as an ``invalid``
   mode), violations are its format violations, and ``r1/*`` keys are added.
@@ -238,14 +240,14 @@ R1_UNROUTED_NOTICES = frozenset({"no_action", "placeholder", "no_colon", "empty_
 def router_r1_metrics(trajs: Sequence[Trajectory], details: Sequence[RouterR1Reward]
                       ) -> dict[str, float]:
     """``r1/*`` means over the rows: ``em``, ``f1``, ``format_score`` (0 or −1),
-    ``format_ok_rate``, ``cost_raw`` (micro-dollars, §2.4), ``cost_score`` (the window's C),
-    ``routes`` (§3.6 route count), ``calls`` (worker calls per episode), ``answered_rate``,
-    ``unrouted_turns`` (turns whose action was not routed, per episode)."""
+    ``format_ok_rate``, ``cost_raw`` (micro-dollars), ``cost_score`` (the window's C),
+    ``routes`` (the route count of Router-R1's gating), ``calls`` (worker calls per episode),
+    ``answered_rate``, ``unrouted_turns`` (turns whose action was not routed, per episode)."""
     if len(trajs) != len(details):
         raise ValueError(f"{len(trajs)} trajectories but {len(details)} Router-R1 rows")
     if not trajs:
         return {}
-    return {
+    out = {
         "r1/em": _mean(r.em for r in details),
         "r1/f1": _mean(r.f1 for r in details),
         "r1/format_score": _mean(r.format_score for r in details),
@@ -258,6 +260,8 @@ def router_r1_metrics(trajs: Sequence[Trajectory], details: Sequence[RouterR1Rew
         "r1/unrouted_turns": _mean(float(sum(n in R1_UNROUTED_NOTICES for n in t.notices))
                                    for t in trajs),
     }
+    # r1/cost_raw has no value when no row's raw cost is known: left out, not logged as None.
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _group_metrics(modes: list[str], free: list[bool], r_task: list[float], clean: list[bool],
@@ -298,7 +302,8 @@ def _group_metrics(modes: list[str], free: list[bool], r_task: list[float], clea
 
 def advantage_metrics(adv: Advantages, *, forced: Any, clean: Any, response_mask: Any,
                       mode_token_mask: Any, with_modes: bool = True) -> dict[str, float]:
-    """Advantage and token-segment metrics of one batch (§6.5, §6.6, §6.14 COMET/actor keys).
+    """Advantage and token-segment metrics of one batch (docs/metrics.md, "Advantages and
+    token segments").
 
     `adv`: the estimator output (rows [N]); `forced`, `clean` [N] bool; `response_mask`,
     `mode_token_mask` [N, T]. ``adv/mode_*``, ``adv/inner_*`` and ``adv/identity_error`` are

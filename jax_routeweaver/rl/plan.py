@@ -306,7 +306,7 @@ def _support_shapes(shape: StepShape, mesh: Mesh) -> SupportBatch:
 
 
 # ---------------------------------------------------------------------------- from a config
-PROMPT_TOKENS = 6144  # the reference's max_prompt_length (§7.2); rows are prompt + response
+PROMPT_TOKENS = 6144  # the reference's max_prompt_length; rows are prompt + response
 
 
 def config_shape(cfg: Any, *, rows_per_device: int = 1, length: int | None = None,

@@ -3,11 +3,12 @@
 What differs from a RouteWeaver run, and nothing else: episodes come from `router_r1_envs`
 (model names mapped onto the pool's worker ids), rewards from Router-R1's hierarchical reward
 with one `CostWindow` owned by the run (saved in the full train state, so a resumed run keeps
-normalising costs against the same window, reference §3.5 / §4.7), and the rows handed to
-the estimator, the trainer and the metrics are the same `Rewards` a RouteWeaver step makes.
-The advantage is PPO's with a critic (``algo.estimator: ppo_gae``, `rl.ppo`; the paper's
-recipe) or GRPO grouped by query (``grpo_gated``), with the global token-mean (enforced by
-`check_train_config`); there is no curriculum, no mode token and no support loss.
+normalising costs against the same window; docs/paper_configs.md, "configs/router_r1.yaml"), and
+the rows handed to the estimator, the trainer and the metrics are the same `Rewards` a
+RouteWeaver step makes. The advantage is PPO's with a critic (``algo.estimator: ppo_gae``,
+`rl.ppo`; the paper's recipe) or GRPO grouped by query (``grpo_gated``), with the global
+token-mean (enforced by `check_train_config`); there is no curriculum, no mode token and no
+support loss.
 """
 
 from __future__ import annotations

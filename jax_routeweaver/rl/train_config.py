@@ -3,7 +3,8 @@
 Every section is a frozen dataclass; :func:`load_train_config` reads a YAML file through the
 generic loader in ``jax_routeweaver.config`` (unknown keys are errors with the nearest valid
 key suggested) and checks the cross-field rules below. Defaults are the reference's paper
-numbers (``reference/routeweaver.md`` §6–7); ``configs/quickstart.yaml`` scales them down.
+numbers (docs/algorithm.md, docs/paper_configs.md); ``configs/quickstart.yaml`` scales them
+down.
 """
 
 from __future__ import annotations
@@ -115,13 +116,14 @@ class DataSection:
 
 @dataclasses.dataclass(frozen=True)
 class RouterR1Section:
-    """Router-R1 episodes (``rollout.dialect: router_r1``; ``RouterR1Config``, reference
-    §1.3). The per-turn cap, temperature and top-p are ``rollout.max_new_tokens``,
-    ``rollout.temperature`` and ``rollout.top_p``. ``models``: Router-R1 model name -> pool
-    worker id; empty = the six prompt models onto worker_1..6 in prompt order (Qwen2.5-7B,
-    LLaMA-3.1-8B, LLaMA-3.1-70B, Mistral-7B, Mixtral-8x22B, Gemma-2-27B), the mapping used
-    with the simulated pool. ``question_query`` (with ``rollout.constrained``): a search's
-    query is the question verbatim, so a tiny router's calls reach the simulated workers."""
+    """Router-R1 episodes (``rollout.dialect: router_r1``; ``RouterR1Config``, Router-R1's
+    rollout loop; docs/router_r1.md). The per-turn cap, temperature and top-p are
+    ``rollout.max_new_tokens``, ``rollout.temperature`` and ``rollout.top_p``. ``models``:
+    Router-R1 model name -> pool worker id; empty = the six prompt models onto worker_1..6 in
+    prompt order (Qwen2.5-7B, LLaMA-3.1-8B, LLaMA-3.1-70B, Mistral-7B, Mixtral-8x22B,
+    Gemma-2-27B), the mapping used with the simulated pool. ``question_query`` (with
+    ``rollout.constrained``): a search's query is the question verbatim, so a tiny router's
+    calls reach the simulated workers."""
 
     max_turns: int = bounded(4, "[1, inf)")
     start_max_tokens: int = bounded(2048, "[1, inf)")  # tokens, like the four below
@@ -191,7 +193,8 @@ class PagedSection:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection:
-    """Router decoding (§7.2: T 0.8, top-p 0.95, top-k off) and episode options.
+    """Router decoding (the reference's T 0.8, top-p 0.95, top-k off; docs/paper_configs.md,
+    "configs/paper/base.yaml") and episode options.
     ``dialect``: "routeweaver" (mode selection, ``protocol``) or "router_r1" (Router-R1's
     multi-round dialect, ``router_r1``; ``protocol`` and ``execution_feedback`` then play no
     part). ``constrained``: grammar-constrained actions; ``answer_choices``: with
@@ -258,11 +261,12 @@ class WorkersSection:
 
 @dataclasses.dataclass(frozen=True)
 class RouterR1RewardSection:
-    """Router-R1's hierarchical reward (reference §3): format gate, then ``metric`` ("em"
+    """Router-R1's hierarchical reward (docs/router_r1.md): format gate, then ``metric`` ("em"
     as in the official scripts, or "f1") against the gold answers, then ``cost_coe`` (α,
     the paper's 0-0.9) times the normalised cost C, for correct answers only. C comes from
     one sliding window of ``window_size`` sqrt-costs owned by the run and saved with the
-    full train state (§3.5; upstream's window is global and never checkpointed)."""
+    full train state (upstream's window is global and never checkpointed;
+    docs/paper_configs.md, "configs/router_r1.yaml")."""
 
     metric: Literal["em", "f1"] = "em"
     cost_coe: float = bounded(0.0, "[0, 1]")  # α

@@ -1,6 +1,7 @@
 """The learner: fp32 train state and one jitted, sharded, donated update per RL step.
 
-One step (spec §6.7–6.10) on a packed :class:`~jax_routeweaver.rl.batch.RolloutBatch`:
+One step (docs/algorithm.md, "The policy loss" through "Optimizer") on a packed
+:class:`~jax_routeweaver.rl.batch.RolloutBatch`:
 
 1. ``ref_logp`` with the frozen reference params, micro-batch by micro-batch. ``old_logp``
    is recomputed by the trainer, not taken from the sampler (whose logprobs only feed the
@@ -60,8 +61,9 @@ eleventh round)."""
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """AdamW as verl runs it (§6.8): lr 1e-6 set explicitly; betas, eps, weight decay 0.01
-    and grad-norm clip 1.0 are verl's defaults. ``warmup_steps`` > 0: linear warmup."""
+    """AdamW as verl runs it (docs/algorithm.md, "Optimizer"): lr 1e-6 set explicitly; betas,
+    eps, weight decay 0.01 and grad-norm clip 1.0 are verl's defaults. ``warmup_steps`` > 0:
+    linear warmup."""
 
     lr: float = bounded(1e-6, "(0, inf)")
     weight_decay: float = bounded(0.01, "[0, inf)")
@@ -80,13 +82,14 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Policy objective (§6.7, §6.8). ``micro_batch_size``: rows per micro-batch (0 = the
-    whole mini-batch in one). ``ppo_mini_batches`` × ``ppo_epochs`` optimizer steps per
-    batch (the reference: 1 × 1). The support terms are §6.10's (``support_chunk`` rows are
-    scored per forward; the support gradient joins every optimizer step, as the reference's
-    hook joins every backward). ``group_by_length``: micro-batches of length-sorted rows, each
-    at its own length bucket (module docstring; verl's ``use_dynamic_bsz`` serves the same
-    end by packing)."""
+    """Policy objective (docs/algorithm.md, "The policy loss"). ``micro_batch_size``: rows per
+    micro-batch (0 = the whole mini-batch in one). ``ppo_mini_batches`` × ``ppo_epochs``
+    optimizer steps per batch (the reference: 1 × 1). The support terms are those of
+    docs/algorithm.md, "The minimum-support loss" (``support_chunk`` rows are scored per
+    forward; the support gradient joins every optimizer step, as the reference's hook joins
+    every backward). ``group_by_length``: micro-batches of length-sorted rows, each at its own
+    length bucket (module docstring; verl's ``use_dynamic_bsz`` serves the same end by
+    packing)."""
 
     reduction: str = "segment"
     clip_low: float = bounded(0.2, "[0, 1)")  # ratio clipped below at 1 - clip_low
@@ -544,7 +547,8 @@ class Trainer:
     def _support_grad(self, params: Any, sb: SupportBatch, rho: jax.Array, num_queries: int
                       ) -> tuple[Any, dict[str, jax.Array]]:
         """Exact gradient of ``λ0·ρ·L_support`` through chunked teacher-forced scoring
-        (§6.10): forward all chunks, the cotangent of the scores, then one VJP per chunk."""
+        (docs/algorithm.md, "The exact two-pass gradient"): forward all chunks, the cotangent
+        of the scores, then one VJP per chunk."""
         cfg = self.loss_cfg
 
         def chunk_logp(p: Any, chunk: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:

@@ -1,4 +1,5 @@
-"""Candidate answers from worker replies (reference §5.5, `worker_client.extract_answer`).
+"""Candidate answers from worker replies (docs/protocol.md, "Candidate answers of worker
+replies"; the reference's `worker_client.extract_answer`).
 
 Last `<answer>` block (case-insensitive) -> last brace-matched `\\boxed{}` -> last non-empty line
 that is not a bare delimiter, with `*` stripped, a leading connective ("so", "thus", "the final

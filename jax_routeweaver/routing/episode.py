@@ -53,7 +53,7 @@ class Trajectory:
     ``Type: message``. `cost`: worker cost of the episode (with `prices` given to
     `run_episodes`).
 
-    Diagnostics the envs record for the metrics (`rl/metrics.py`, reference §6.14); each stays
+    Diagnostics the envs record for the metrics (`rl/metrics.py`, docs/metrics.md); each stays
     at its default where a dialect has no such thing:
     `token_source`: per response token, `SOURCE_ENV` (appended by the env), `SOURCE_POLICY`
     (sampled, a choice) or `SOURCE_FORCED` (sampled, but the grammar admitted only that token);
@@ -65,9 +65,10 @@ class Trajectory:
     `routes`: (worker, task) of every dispatched route (Router-R1: (model name, query)).
     `max_layer_width`: the most calls one turn dispatched. `obs_blocks` / `obs_truncated`:
     observation blocks framed / cut to the observation budget. `exec_runs`: executor replies
-    judged in the loop (§5.6: a verdict, or a harness failure), `exec_sandbox_errors`: harness
-    failures among them, `exec_graded`: verdicts against hidden tests (CODE rows),
-    `exec_passed_all`: those that passed every test.
+    judged in the loop (execution feedback, docs/protocol.md, "What a worker receives": a
+    verdict, or a harness failure), `exec_sandbox_errors`: harness failures among them,
+    `exec_graded`: verdicts against hidden tests (CODE rows), `exec_passed_all`: those that
+    passed every test.
     """
 
     record: Record
@@ -175,15 +176,16 @@ class Env(Protocol):
     violation, answer, finish, ...) as the episode goes.
 
     If one of its calls raises (an `Exception` not in `FATAL_ERRORS` or `fatal_errors`), the
-    runner ends that trajectory only, as ``loop_error:<Type>`` (infra, what it had is kept,
-    reference routeweaver §2.1); the other trajectories go on.
+    runner ends that trajectory only, as ``loop_error:<Type>`` (infra, what it had is kept;
+    docs/protocol.md, "How an episode ends"); the other trajectories go on.
     """
 
     failed_call_is_infra: bool
     """True: a worker call that finally failed makes the row infra (`Trajectory.infra_failed`:
-    out of the group statistics and the gradient, never scored; RouteWeaver §6.2). False: the
-    policy observes the failure and the row is scored like any other (Router-R1 §1.3, where
-    the observation reads ``None``). Read with `getattr`, default True."""
+    out of the group statistics and the gradient, never scored; RouteWeaver, docs/algorithm.md,
+    "Clean rows"). False: the policy observes the failure and the row is scored like any other
+    (Router-R1, where the observation reads ``None``; docs/router_r1.md, "A failed call is an
+    observation"). Read with `getattr`, default True."""
 
     fatal_errors: tuple[type[BaseException], ...]
     """Exceptions of this env's calls that end the run, on top of `FATAL_ERRORS` (e.g. a host

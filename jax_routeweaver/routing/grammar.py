@@ -1,5 +1,6 @@
 """The RouteWeaver action protocol: tags, parsers, violation codes, turn validation, observation
-framing and the observation token budget (`reference/routeweaver.md` §1, §2).
+framing and the observation token budget (docs/protocol.md: "Tags", "The rules of each mode",
+"Observations", "Violation codes").
 
 Pure and I/O-free; the episode runner owns the tokenizer, the sampler and the worker pool.
 
@@ -54,8 +55,8 @@ ROUTE_OPEN, ROUTE_CLOSE = "<route", "</route>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 OBSERVATION_OPEN, OBSERVATION_CLOSE = "<observation", "</observation>"
 
-# Stop strings per turn kind (§1.3). The agentic turn does not stop on `</route>` so that one
-# message can hold a whole parallel layer; the router ends it with EOS.
+# Stop strings per turn kind (docs/protocol.md, "Tags"). The agentic turn does not stop on
+# `</route>` so that one message can hold a whole parallel layer; the router ends it with EOS.
 SELECTOR_STOPS: tuple[str, ...] = (MODE_CLOSE, ANSWER_CLOSE, OBSERVATION_OPEN)
 SINGLE_MULTI_STOPS: tuple[str, ...] = (ROUTE_CLOSE, ANSWER_CLOSE, OBSERVATION_OPEN)
 AGENTIC_STOPS: tuple[str, ...] = (ANSWER_CLOSE, OBSERVATION_OPEN)
@@ -64,12 +65,15 @@ AGENTIC_STOPS: tuple[str, ...] = (ANSWER_CLOSE, OBSERVATION_OPEN)
 MODEL_PLACEHOLDERS: frozenset[str] = frozenset({"model_id"})
 TASK_PLACEHOLDERS: frozenset[str] = frozenset({"query", "your_query", "concrete_subquery"})
 
-# Qwen chat-template pieces the environment writes around an injected user turn (§1.1).
+# Qwen chat-template pieces the environment writes around an injected user turn
+# (docs/protocol.md, "The token stream").
 CHAT_USER_TURN_OPEN = "<|im_end|>\n<|im_start|>user\n"
 CHAT_ASSISTANT_TURN_OPEN = "<|im_end|>\n<|im_start|>assistant\n"
 
 OBS_TRUNCATION_MARKER = "\n\n... [observation truncated] ...\n\n"
-PAPER_OBSERVATION_CAP = 2048  # the paper's "observations truncated to 2048 tokens" (§9.2)
+# The paper's "observations truncated to 2048 tokens"; the reference implementation uses the
+# fixed 2048 only with its dynamic budget switched off (docs/protocol.md, "Observations").
+PAPER_OBSERVATION_CAP = 2048
 
 
 def stop_strings(mode: Mode | None) -> tuple[str, ...]:
@@ -83,16 +87,18 @@ def stop_strings(mode: Mode | None) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------- config
 @dataclasses.dataclass(frozen=True)
 class ProtocolConfig:
-    """The reference's protocol numbers, plus the paper-wording options of §9 (all off).
+    """The reference's protocol numbers, plus options for where the paper's wording departs
+    from the reference code (all off; docs/protocol.md, "Limits").
 
     `max_action_turns` None means `max_workers + 2` (10). `observation_cap` None means the
     dynamic per-turn budget `clamp(response_length - used - obs_reserve, 0, obs_budget_cap)`;
     an int (the paper: `PAPER_OBSERVATION_CAP`) is a fixed per-turn budget instead.
     `multi_attach_previous`: multi workers also receive the previous worker's output (paper
-    wording, §9.1). `forced_declaration`: "user_turn" injects a forced `<mode>` as a user turn
-    after an empty assistant turn (reference, §9.18); "assistant_text" writes it (mask 0) where
-    a free declaration would stand. `recovery`: violations are cued and retried instead of
-    ending the episode. `routing_state`: agentic turns get the routing-state header.
+    wording; the reference code does not attach it). `forced_declaration`: "user_turn" injects
+    a forced `<mode>` as a user turn after an empty assistant turn (as the reference does;
+    docs/protocol.md, "Forced modes"); "assistant_text" writes it (mask 0) where a free
+    declaration would stand. `recovery`: violations are cued and retried instead of ending the
+    episode. `routing_state`: agentic turns get the routing-state header.
     """
 
     selector_max_tokens: int = bounded(64, "[1, inf)")  # tokens
@@ -155,9 +161,10 @@ class ProtocolConfig:
 
 # ------------------------------------------------------------------------------- violations
 class Violation(enum.StrEnum):
-    """Every policy violation of the live path (§2.8). Terminal unless recovery is on."""
+    """Every policy violation of the live path (docs/protocol.md, "Violation codes"). Terminal
+    unless recovery is on."""
 
-    # selector turn (§1.4, §2.2)
+    # selector turn (docs/protocol.md, "Selector turn")
     SELECTOR_MODE_MISSING = "selector_mode_missing"  # no <mode>x</mode> in the selector turn
     SELECTOR_MODE_DUPLICATE = "selector_mode_duplicate"  # two or more declarations
     SELECTOR_MODE_INVALID = "selector_mode_invalid"  # one declaration, value not a mode
@@ -167,7 +174,7 @@ class Violation(enum.StrEnum):
     PARADIGM_IN_SELECTOR = "paradigm_in_selector"  # <paradigm in the selector turn
     OBSERVATION_IN_SELECTOR = "observation_in_selector"  # <observation in the selector turn
     ANSWER_IN_SELECTOR = "answer_in_selector"  # <answer in the selector turn
-    # single / multi action turn (§2.3), in check order
+    # single / multi action turn (docs/protocol.md, "Single/multi action turn"), in check order
     MODE_DUPLICATE = "mode_duplicate"  # any <mode opening tag in an action turn
     ANSWER_PREMATURE = "answer_premature"  # <answer> before the required number of calls
     ROUTE_MISSING = "route_missing"  # no route and no <route opening at all
@@ -180,7 +187,7 @@ class Violation(enum.StrEnum):
     ROUTE_LIMIT_EXCEEDED = "route_limit_exceeded"  # a route after the mode's last allowed call
     UNKNOWN_MODEL = "unknown_model"  # model id not in the worker registry (aliases only)
     WORKER_NOT_OFFERED = "worker_not_offered"  # registered id not offered to this run
-    # agentic action turn (§2.5): parse level
+    # agentic action turn (docs/protocol.md, "Agentic action turn"): parse level
     ACTION_MISSING = "action_missing"  # no complete route and no <route (a bare <answer> too)
     ACTION_MALFORMED = "action_malformed"  # <route present but no complete route
     ROLE_MISSING = "role_missing"  # a member without role (or role="")
@@ -208,7 +215,8 @@ AGENTIC_VIOLATIONS: tuple[Violation, ...] = tuple(list(Violation)[21:])
 
 
 class Notice(enum.StrEnum):
-    """Non-terminal records (§2.8); they never end an episode or cost reward by themselves."""
+    """Non-terminal records (docs/protocol.md, "How an episode ends"); they never end an
+    episode or cost reward by themselves."""
 
     FABRICATED_OBSERVATION_BLOCKED = "fabricated_observation_blocked"  # policy wrote <observation
     RULES_BUDGET_EXHAUSTED = "rules_budget_exhausted"  # rulebook did not fit the window
@@ -276,7 +284,8 @@ _ROUTE_OPEN_RE = re.compile(r"<route\b", _I)
 _ROUTE_RE = re.compile(r"<route\b([^>]*)>(.*?)</route\s*>", _IS)
 # Strict scanner for single/multi attributes: name = "v" or name = 'v', nothing else.
 _ATTRIBUTE_RE = re.compile(r"\s*([A-Za-z_][\w.:-]*)\s*=\s*(?:\"([^\"]*)\"|'([^']*)')")
-# Agentic routes close on exactly `</route>`; attributes are picked out leniently (§1.4).
+# Agentic routes close on exactly `</route>`; attributes are picked out leniently
+# (docs/protocol.md, "Tags").
 _LAYER_ROUTE_RE = re.compile(r"<route\b([^>]*)>(.*?)</route>", _IS)
 _LAYER_ATTRIBUTE_RE = re.compile(r"(model|role|refs)\s*=\s*[\"']([^\"']*)[\"']", _I)
 _ANSWER_RE = re.compile(r"<answer\s*>(.*?)</answer\s*>", _IS)
@@ -327,7 +336,7 @@ def _scan_attributes(attrs: str) -> list[tuple[str, str]] | None:
 def parse_route(text: str) -> RouteAction | Rejected:
     """The first complete `<route …>TASK</route>` of a single/multi turn, strictly checked:
     malformed → duplicate → unknown → missing attribute, then placeholder model id, then
-    empty or placeholder task (§1.4)."""
+    empty or placeholder task (docs/protocol.md, "Tags")."""
     match = _ROUTE_RE.search(text)
     if match is None:
         opened = _ROUTE_OPEN_RE.search(text) is not None
@@ -504,16 +513,19 @@ def _notices(text: str) -> tuple[Notice, ...]:
 
 # ----------------------------------------------------------------------------- turn handlers
 def handle_selector_turn(text: str) -> TurnOutcome:
-    """Turn 1 of a free episode: a mode declaration, or a rejection (§2.2)."""
+    """Turn 1 of a free episode: a mode declaration, or a rejection (docs/protocol.md,
+    "Selector turn")."""
     return TurnOutcome(parse_mode_declaration(text), _notices(text))
 
 
 def handle_single_multi_turn(text: str, state: RoutingState, offered: Sequence[str],
                              config: ProtocolConfig, registry: Sequence[str] | None = None
                              ) -> TurnOutcome:
-    """One single/multi action turn, checked in the reference's order (§2.3): `<mode` →
-    answer (accepted once the mode's required calls ran, else premature) → route parse →
-    call limit → registry (`unknown_model`; `registry` defaults to `offered`) → offered list.
+    """One single/multi action turn, checked in the reference's order (docs/protocol.md,
+    "Single/multi action turn"): `<mode` →
+    when no route parses, an answer (accepted once the mode's required calls ran, else
+    premature), else the parse error → call limit → registry (`unknown_model`; `registry`
+    defaults to `offered`) → offered list.
     """
     if state.mode not in (Mode.SINGLE, Mode.MULTI):
         raise ValueError(f"handle_single_multi_turn: state.mode={state.mode!r} is not single "
@@ -567,7 +579,8 @@ def _member_violations(route: AgenticRoute, state: RoutingState, offered: Sequen
 
 def validate_layer(routes: Sequence[AgenticRoute], state: RoutingState, offered: Sequence[str],
                    config: ProtocolConfig) -> tuple[Violation, ...]:
-    """Sorted codes of a parsed layer against the episode so far; empty means legal (§2.5).
+    """Sorted codes of a parsed layer against the episode so far; empty means legal
+    (docs/protocol.md, "Agentic action turn").
     The layer is accepted or refused as a unit."""
     used = state.calls_used
     layer_ids = frozenset(f"n{used + i + 1}" for i in range(len(routes)))
@@ -598,9 +611,10 @@ def plan_layer(routes: Sequence[AgenticRoute], state: RoutingState) -> tuple[Pla
 
 def handle_agentic_turn(text: str, state: RoutingState, offered: Sequence[str],
                         config: ProtocolConfig) -> TurnOutcome:
-    """One agentic action turn (§2.5): parse + validate the layer; on any code, accept the
-    turn's `<answer>` if the summarizer already ran (the normal finish: a bare answer parses
-    as `action_missing`), else reject with the sorted codes; otherwise dispatch the layer."""
+    """One agentic action turn (docs/protocol.md, "Agentic action turn"): parse + validate the
+    layer; on any code, accept the turn's `<answer>` if the summarizer already ran (the normal
+    finish: a bare answer parses as `action_missing`), else reject with the sorted codes;
+    otherwise dispatch the layer."""
     if state.mode != Mode.AGENTIC:
         raise ValueError(f"handle_agentic_turn: state.mode={state.mode!r} is not agentic")
     notices = _notices(text)
@@ -692,7 +706,8 @@ def episode_over(state: RoutingState, config: ProtocolConfig) -> bool:
 # ------------------------------------------------------------------------------------ framing
 def chat_delta(text: str) -> str:
     """`text` as a user turn inserted into the assistant stream (tokenize without adding
-    special tokens): closes the assistant message and opens the next one (§1.1)."""
+    special tokens): closes the assistant message and opens the next one (docs/protocol.md,
+    "The token stream")."""
     return CHAT_USER_TURN_OPEN + text + CHAT_ASSISTANT_TURN_OPEN
 
 
@@ -802,7 +817,8 @@ def observation_share(turn_budget: int, n_blocks: int, mode: Mode,
 
 @dataclasses.dataclass(frozen=True)
 class ObservationIds:
-    """Token ids of an observation turn and its truncation stats (§2.7 per-row stats)."""
+    """Token ids of an observation turn and its truncation stats (per-row stats;
+    docs/protocol.md, "Observations")."""
 
     ids: list[int]
     blocks: int

@@ -1,4 +1,5 @@
-"""Every text the RouteWeaver router and its workers read (`reference/routeweaver.md` §2.4, §3).
+"""Every text the RouteWeaver router and its workers read (docs/protocol.md, "The turns of an
+episode" and "What a worker receives").
 
 * `selector_prompt`: the only prompt (turn 1, one user message, no system message).
 * `mode_rulebook`: the execution rules injected as a user turn once the mode is fixed (free and
@@ -7,12 +8,13 @@
   brief, with referenced outputs spliced in).
 * `SELECTOR_RETRY_CUE`, `violation_cue`: recovery-mode cues only.
 
-Strings the spec quotes are reproduced exactly (the rulebook's opening and closing sentences,
-the catalog header, role menu, payload labels, routing-state lines, selector retry cue). The
-rest is written from the spec's paraphrase: the reference repository ships no licence, so its
-prompt wording is not copied, and prompts baked into the reference's parquets differ in wording
-(`SELECTOR_VERSION` names ours). Workers appear only as anonymous ids with capability
-descriptions — never model names, providers, prices or tier words.
+Strings known verbatim from the reference implementation are reproduced exactly (the rulebook's
+opening and closing sentences, the catalog header, role menu, payload labels, routing-state
+lines, selector retry cue). The rest is written from a paraphrase of the reference's prompts:
+the reference repository ships no licence, so its prompt wording is not copied, and prompts
+baked into the reference's parquets differ in wording (`SELECTOR_VERSION` names ours). Workers
+appear only as anonymous ids with capability descriptions — never model names, providers, prices
+or tier words.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ MODE_MENU: Mapping[Mode, str] = {
     Mode.AGENTIC: "role-assigned workers handle the task in adaptive layers.",
 }
 
-# The reference's six workers (§3.3), described by capability only, in catalog order.
+# The reference's six workers (docs/protocol.md, "The worker catalog"), described by capability
+# only, in catalog order.
 REFERENCE_WORKER_DESCRIPTIONS: Mapping[str, str] = {
     "worker_1": "dense model, 8.2B parameters; multilingual instruction following, dialogue, "
                 "mathematical and logical reasoning, code generation.",
@@ -88,7 +91,8 @@ ROLE_BRIEF: Mapping[Role, str] = {
         "Reason freely. End with <answer>your final answer</answer>."),
 }
 
-# single/multi workers get this wrapper (worker_client's output constraint, §2.4).
+# single/multi workers get this wrapper (the reference client's output constraint;
+# docs/protocol.md, "What a worker receives").
 OUTPUT_CONSTRAINT = ("Reason freely and provide a complete derivation.\n"
                      "End with <answer>your final answer</answer>.")
 QUESTION_LABEL = "Original question:"
@@ -98,7 +102,7 @@ REFS_LABEL = "Earlier outputs you must use:"
 TASK_LABEL = "Your task:"
 
 # Brevity phrases the wrapper must never contain (a wrapper bug turns the row into an infra
-# error); the same phrases in a router-written task are only flagged.
+# error); the same phrases in a router-written task are the router's choice and not checked.
 BANNED_IN_PAYLOAD: tuple[str, ...] = (
     "final answer only", "answer only", "only the answer", "no explanation",
     "without explanation", "yes or no", "one word", "be brief", "briefly answer",
@@ -127,7 +131,8 @@ def catalog_entries(pool: WorkerPool) -> list[WorkerEntry]:
 
 
 def catalog_block(workers: Sequence[WorkerEntry], worker_max_tokens: int = 4096) -> str:
-    """The worker catalog shown in every mode's rulebook (§3.3)."""
+    """The worker catalog shown in every mode's rulebook (docs/protocol.md, "The worker
+    catalog")."""
     lines = [f"{worker}: {description}" for worker, description in workers]
     return (f"Each worker call has a maximum output budget of {worker_max_tokens} tokens.\n\n"
             + "\n".join(lines))
@@ -143,8 +148,8 @@ def _allowed_ids_section(workers: Sequence[WorkerEntry], config: ProtocolConfig)
 
 # ----------------------------------------------------------------------------------- selector
 def selector_prompt(question: str, order: Sequence[Mode] = MODES) -> str:
-    """The turn-1 user message (§3.1): mode menu, response format, question. No worker table,
-    no examples, no domain labels."""
+    """The turn-1 user message (docs/protocol.md, "The selector prompt"): mode menu, response
+    format, question. No worker table, no examples, no domain labels."""
     order = [Mode(mode) for mode in order]
     if sorted(order) != sorted(MODES):
         raise ValueError(f"selector_prompt: order={order} must be a permutation of {MODES}")
@@ -279,8 +284,8 @@ def _agentic_body(workers: Sequence[WorkerEntry], config: ProtocolConfig) -> str
 
 def rulebook_body(mode: Mode, workers: Sequence[WorkerEntry],
                   config: ProtocolConfig | None = None) -> str:
-    """The execution rules of `mode` (§3.2), without the question and without any
-    mode-declaration instruction."""
+    """The execution rules of `mode` (docs/protocol.md, "The rulebook"), without the question
+    and without any mode-declaration instruction."""
     config = config or ProtocolConfig()
     mode = Mode(mode)
     if mode == Mode.AGENTIC:
@@ -325,7 +330,8 @@ def compact_rulebook(mode: Mode, workers: Sequence[WorkerEntry],
 
 
 def routing_state_header(state: RoutingState, config: ProtocolConfig | None = None) -> str:
-    """The six-line routing state shown before every agentic action turn (§3.2)."""
+    """The six-line routing state shown before every agentic action turn (docs/protocol.md,
+    "The routing-state header")."""
     config = config or ProtocolConfig()
     ids = ", ".join(state.completed_ids) or "none"
     return "\n".join((
@@ -340,9 +346,10 @@ def routing_state_header(state: RoutingState, config: ProtocolConfig | None = No
 
 # ----------------------------------------------------------------------------- worker payloads
 def single_multi_payload(question: str, task: str, previous_output: str | None = None) -> str:
-    """What a single/multi worker receives (§2.4): output constraint, original question and
-    the router's sub-task (omitted when it equals the question). The previous worker's
-    output only with `previous_output` (the paper's wording, off in the reference)."""
+    """What a single/multi worker receives (docs/protocol.md, "What a worker receives"):
+    output constraint, original question and the router's sub-task (omitted when it equals the
+    question). The previous worker's output only with `previous_output` (the paper's wording,
+    off in the reference)."""
     parts = [OUTPUT_CONSTRAINT, f"{QUESTION_LABEL}\n{question}"]
     if previous_output is not None:
         parts.append(f"{PREVIOUS_OUTPUT_LABEL}\n{previous_output}")
@@ -352,8 +359,9 @@ def single_multi_payload(question: str, task: str, previous_output: str | None =
 
 
 def role_payload(role: Role, question: str, instruction: str, refs: Sequence[Node] = ()) -> str:
-    """What an agentic worker receives (§3.4): role brief, the full original question, the
-    referenced nodes' full outputs (in the router's order), then the router's task."""
+    """What an agentic worker receives (docs/protocol.md, "What a worker receives"): role
+    brief, the full original question, the referenced nodes' full outputs (in the router's
+    order), then the router's task."""
     parts = [ROLE_BRIEF[Role(role)], f"{QUESTION_LABEL}\n{question}"]
     if refs:
         blocks = "\n\n".join(f"[{node.id}] (from {node.role})\n{node.output}" for node in refs)
@@ -387,7 +395,7 @@ def payload_references(call: PlannedCall, state: RoutingState,
 
 class PayloadHygieneError(ValueError):
     """The wrapper-written part of a worker payload holds a brevity phrase (a wrapper bug: the
-    row becomes a `wrapper_error`, infra, §2.4)."""
+    row becomes a `wrapper_error`, infra; docs/protocol.md, "What a worker receives")."""
 
 
 def check_payload(payload: str, *, task: str, question: str,

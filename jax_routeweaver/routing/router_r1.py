@@ -1,7 +1,7 @@
 """Router-R1's multi-round dialect (compat mode): prompt, actions, observations, turn logic.
 
-Pure and I/O-free. Behaviour follows `reference/router-r1.md` §1-§3 (the training code path of
-Router-R1, which produced the released checkpoints):
+Pure and I/O-free. Behaviour follows Router-R1's reference code (docs/router_r1.md; the
+training code path of Router-R1, which produced the released checkpoints):
 
 * One user message holds the whole prompt; everything the policy writes afterwards, including
   the `<information>` blocks the environment inserts, lives in a single assistant turn.
@@ -14,8 +14,9 @@ Router-R1, which produced the released checkpoints):
 * At most `max_turns` (4) routed turns, then one final generation that is never routed.
 * Observations are cut to their first 600 tokens (which can drop `</information>`).
 
-The reward's dialect-level inputs live here too: `format_violations` (§3.4), `extract_answer`
-(§3.1) and `count_routes` (§3.6); the reward arithmetic itself does not.
+The reward's dialect-level inputs live here too: `format_violations` (the format check),
+`extract_answer` (the answer extraction) and `count_routes` (the route count of the gating); the
+reward arithmetic itself does not.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def normalize_question(question: str) -> str:
 
 def render_prompt_text(question: str, *, variant: PromptVariant = "qwen",
                        models: Sequence[RouterR1Model] = PROMPT_MODELS) -> str:
-    """The Router-R1 user message for `question` (sections a-g of reference §1.1).
+    """The Router-R1 user message for `question` (sections a-g of Router-R1's prompt template).
 
     Wording is our own paraphrase (the reference gives content and order, not the text);
     protocol strings (tags, the placeholder, the model names, the heading) are exact.
@@ -506,8 +507,8 @@ FormatViolation = Literal[
 
 
 def search_flags(content: str) -> tuple[bool, bool]:
-    """(query_format, bad_name) for one stripped `<search>` content (reference §3.4): both
-    False means the format check accepts this search."""
+    """(query_format, bad_name) for one stripped `<search>` content (Router-R1's format
+    check): both False means the format check accepts this search."""
     if content.count(":") != 1:
         return True, False
     model_part, query_part = content.split(":")
@@ -519,7 +520,8 @@ def search_flags(content: str) -> tuple[bool, bool]:
 
 
 def format_violations(response: str) -> tuple[FormatViolation, ...]:
-    """Every §3.4 format check `response` fails, in check order; empty means format score 0.
+    """Every Router-R1 format check `response` fails, in check order; empty means format
+    score 0.
 
     `response` is the decoded response part (policy text and observations, no prompt).
     """

@@ -65,7 +65,8 @@ class RouterR1Env:
 
     A failed worker call (an API error after the pool's retries) is what the policy sees, as
     for an unresolvable name: the observation reads ``None`` and the row is scored like any
-    other (§1.3, §2.3; a failed call costs 0, §2.4), so it is not infra."""
+    other (a failed call costs 0; docs/router_r1.md, "A failed call is an observation"), so it
+    is not infra."""
 
     failed_call_is_infra = False
     fatal_errors: tuple[type[BaseException], ...] = ()
@@ -205,9 +206,9 @@ def answer_text(answer: str) -> str:
 def valid_queries(candidates: Sequence[str], models: Sequence[str], *,
                   max_bytes: int | None = None) -> tuple[str, ...]:
     """The `candidates` (stripped) that make a search the format check accepts with every one
-    of `models` (§3.4: one colon, no placeholder, model name not in the query, resolvable;
-    no tag strings: nesting) and, with `max_bytes`, whose longest action fits in that many
-    bytes (so in that many tokens)."""
+    of `models` (Router-R1's format check: one colon, no placeholder, model name not in the
+    query, resolvable; no tag strings: nesting) and, with `max_bytes`, whose longest action
+    fits in that many bytes (so in that many tokens)."""
     out: list[str] = []
     for query in (c.strip() for c in candidates):
         if not query or query in out or any(t in query for t in r1.TAG_STRINGS):
@@ -237,7 +238,7 @@ def max_action_bytes(models: Sequence[str], queries: Sequence[str] = (),
 def router_r1_grammar(state: r1.EpisodeState, config: r1.RouterR1Config,
                       models: Sequence[str], *, queries: Sequence[str] = (),
                       answers: Sequence[str] = ()) -> Grammar:
-    """A grammar admitting only Router-R1 actions its format check (§3.4) accepts.
+    """A grammar admitting only Router-R1 actions its format check accepts.
 
     Routed turns: ``<think> T </think>\\n`` then ``<search> MODEL: QUERY </search>`` with
     MODEL one of `models` (served, exact names), or ``<answer> A </answer>``. The final turn
@@ -270,9 +271,9 @@ class TagFreeReplies:
 
     The simulated workers reply in RouteWeaver's worker format (``<answer>X</answer>``);
     Router-R1's worker prompt asks for plain text, and a reply holding a tag string fails the
-    format check as nesting (§3.7), which would make every routed episode −1. A simulated
-    Router-R1 run therefore uses this view; real endpoints are used as they reply (compat).
-    Usage (and so cost) is the original reply's.
+    format check as nesting (one of the edge cases of Router-R1's reference code), which would
+    make every routed episode −1. A simulated Router-R1 run therefore uses this view; real
+    endpoints are used as they reply (compat). Usage (and so cost) is the original reply's.
     """
 
     def __init__(self, pool: WorkerPool):

@@ -26,18 +26,20 @@ from jax_routeweaver.routing.episode import CallRequest, EnvFactory, Step, Traje
 from jax_routeweaver.sampling.base import Completion, SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar, ebnf_literal
 
-# Reference router decoding (§1.3): train T 0.8, top-p 0.95, top-k off; eval greedy.
+# Reference router decoding: train T 0.8, top-p 0.95, top-k off; eval greedy
+# (docs/paper_configs.md, "configs/paper/base.yaml").
 TRAIN_SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, top_k=-1, max_new_tokens=512)
 EVAL_SAMPLING = SamplingParams(greedy=True, max_new_tokens=512)
 
 # The answer when `answer_choices` is on and no worker reply yields a candidate.
 NO_CANDIDATE_ANSWER = "none"
 
-# `Trajectory.finish` of an episode whose worker payload failed the hygiene check (§2.4); one
-# of `rewards.reward.WRAPPER_MARKERS`, so the row is infra.
+# `Trajectory.finish` of an episode whose worker payload failed the hygiene check
+# (docs/protocol.md, "What a worker receives"); one of `rewards.reward.WRAPPER_MARKERS`, so the
+# row is infra.
 WRAPPER_ERROR = "wrapper_error"
-# §5.6 verdict texts of CODE rows (`rewards.feedback.code_verdict`): graded against hidden
-# tests, and all of them passed.
+# Execution-feedback verdict texts of CODE rows (`rewards.feedback.code_verdict`; docs/protocol.md,
+# "What a worker receives"): graded against hidden tests, and all of them passed.
 CODE_VERDICT_PREFIX = "[execution] "
 CODE_VERDICT_ALL_PASSED = " hidden tests PASSED."
 
@@ -52,11 +54,12 @@ class EnvConfig:
     """Runner-side settings. `sampling`: router decoding (stops and max tokens are set per turn;
     its `max_new_tokens` caps an action turn). `constrained`: grammar-constrained actions.
     `execution_feedback`: agentic executors' code (CODE rows) or python (MATH rows) runs in
-    `sandbox` and the verdict is prepended to their observation (§5.6; on, as in the
-    reference). `answer_choices` (with `constrained`): the answer must be one of the candidate
-    answers extracted from the workers' successful replies so far (`NO_CANDIDATE_ANSWER`
-    when none fits, e.g. programs: CODE is graded on the workers' programs too), so a tiny
-    router learns *which* reply to trust instead of how to spell it.
+    `sandbox` and the verdict is prepended to their observation (docs/protocol.md, "What a
+    worker receives"; on, as in the reference). `answer_choices` (with `constrained`): the
+    answer must be one of the candidate answers extracted from the workers' successful replies
+    so far (`NO_CANDIDATE_ANSWER` when none fits, e.g. programs: CODE is graded on the
+    workers' programs too), so a tiny router learns *which* reply to trust instead of how to
+    spell it.
     `task_text` (with `constrained`): every route's task is this fixed text instead of free
     text, for workers that ignore the wording (the simulated pool answers the original
     question each payload carries), where free text is only noise in the gradient.
@@ -64,7 +67,8 @@ class EnvConfig:
     for tiny routers that cannot read the reference one). `offered`: the worker ids this run
     offers (catalog, grammar); empty: every worker of the pool. The pool's other workers stay
     registered: a single/multi route to one of them is `worker_not_offered`, to an id the
-    pool does not know `unknown_model` (§2.3 steps 5-6)."""
+    pool does not know `unknown_model` (docs/protocol.md, "Single/multi action turn", checks
+    5-6)."""
 
     protocol: g.ProtocolConfig = dataclasses.field(default_factory=g.ProtocolConfig)
     sampling: SamplingParams = TRAIN_SAMPLING
@@ -80,9 +84,10 @@ class EnvConfig:
 class RouteWeaverEnv:
     """One RouteWeaver episode over `workers` (catalog order) for `record`.
 
-    A worker call that finally failed makes the row infra (§6.2); a worker payload whose
-    wrapper text fails `prompts.check_payload` ends the episode as ``wrapper_error`` (infra,
-    no call made, §2.4); a host without the sandbox's isolation ends the run."""
+    A worker call that finally failed makes the row infra (docs/algorithm.md, "Clean rows"); a
+    worker payload whose wrapper text fails `prompts.check_payload` ends the episode as
+    ``wrapper_error`` (infra, no call made; docs/protocol.md, "What a worker receives"); a host
+    without the sandbox's isolation ends the run."""
 
     failed_call_is_infra = True
     fatal_errors: tuple[type[BaseException], ...] = (IsolationUnavailable,)
@@ -106,7 +111,7 @@ class RouteWeaverEnv:
         self._before: g.RoutingState = self.state
         # Rulebook ids by mode: the same text in every episode of a run, so shared.
         self._rulebooks = rulebooks if rulebooks is not None else {}
-        self._verdicts: dict[str, str] = {}  # node id -> execution verdict (§5.6)
+        self._verdicts: dict[str, str] = {}  # node id -> execution feedback verdict
         self._harness_errors: list[str] = []
 
     # ------------------------------------------------------------------ Env protocol
@@ -166,9 +171,10 @@ class RouteWeaverEnv:
         return Step(keep, self._header(traj, keep) if not self._over(traj) else [])
 
     async def inspect(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> None:
-        """§5.6: run each successful executor reply's program (concurrently, in the sandbox);
-        keep the verdict by node id. A harness failure is recorded (`exec_sandbox_error`, an
-        infra class of the reward); a host without the sandbox's isolation ends the run."""
+        """Execution feedback (docs/protocol.md, "What a worker receives"): run each successful
+        executor reply's program (concurrently, in the sandbox); keep the verdict by node id.
+        A harness failure is recorded (`exec_sandbox_error`, an infra class of the reward); a
+        host without the sandbox's isolation ends the run."""
         if not self.cfg.execution_feedback:
             return
         executors = [c for c in calls if c.success and c.role == g.Role.EXECUTOR]
@@ -243,8 +249,9 @@ class RouteWeaverEnv:
         return ids
 
     def _dispatch(self, traj: Trajectory, keep: int, calls: Sequence[g.PlannedCall]) -> Step:
-        """The calls of an accepted turn, or (a payload failing its hygiene check, §2.4) the
-        end of the episode as a ``wrapper_error`` without any call."""
+        """The calls of an accepted turn, or (a payload failing its hygiene check;
+        docs/protocol.md, "What a worker receives") the end of the episode as a
+        ``wrapper_error`` without any call."""
         try:
             requests = [self._request(c) for c in calls]
         except prompts.PayloadHygieneError as e:

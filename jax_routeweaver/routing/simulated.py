@@ -9,15 +9,15 @@ say nothing about real LLMs; they only have to make the routing problem non-triv
 How a reply is decided
 ----------------------
 The pool knows its tasks. For a call it (1) finds the task whose question text occurs in the
-prompt (every payload carries `Original question:` + the raw question, reference §2.4/§3.4;
-the longest matching question wins), (2) reads the role from the text *before* the question
-(the role brief: words planner / executor / verifier / summarizer, reconcile, PASS + FAIL;
-no role word -> a plain single/multi answer), (3) parses referenced outputs after the
-question (`[nK] (from ROLE)` headers) and (4) draws the outcome:
+prompt (every payload carries `Original question:` + the raw question, docs/protocol.md, "What
+a worker receives"; the longest matching question wins), (2) reads the role from the text
+*before* the question (the role brief: words planner / executor / verifier / summarizer,
+reconcile, PASS + FAIL; no role word -> a plain single/multi answer), (3) parses referenced
+outputs after the question (`[nK] (from ROLE)` headers) and (4) draws the outcome:
 
-* plain / executor: correct with probability p = skill[worker][domain][difficulty], raised
+* plain / executor: correct with probability `p = skill[worker][domain][difficulty]`, raised
   to p + g(1 - p) when the prompt contains a good plan written by a simulated planner
-  (g = plan_gain[domain][difficulty]) and by g = REVISE_GAIN * verifiability[domain] when
+  (`g = plan_gain[domain][difficulty]`) and by `g = REVISE_GAIN * verifiability[domain]` when
   it contains a FAIL verdict (the rejected answer is then avoided). A wrong reply is a
   plausible wrong answer (a distractor kept in `meta['sim']`, or the buggy program for CODE).
 * planner: numbered sub-tasks and a `Plan reference: P-<hex>` line, never an answer; the
@@ -138,7 +138,8 @@ CHARS_PER_TOKEN = 4
 DEFAULT_MAX_TOKENS = 4096
 SIM_DATA_SOURCE = "routeweaver_simulated"
 SIM_POOL = "synthetic"
-# Which real scorer grades each synthetic domain (reference §5.3).
+# Which real scorer grades each synthetic domain (the scorer the reference implementation maps
+# that domain's datasets to).
 SIM_SCORERS: Mapping[Domain, str] = {
     Domain.MATH: "math",
     Domain.CODE: "apps_functional",

@@ -24,7 +24,7 @@ start (`rl.pool_check`). Before a run's first step, `check_endpoints` asks each 
 endpoint for its model list (`GET {base_url}/models`) and fails closed unless it answers
 with one that includes every checked worker's `model` (see there).
 
-Retry policy (reference `llm_client.ChatLLM`, §4.5), per call: up to `max_rounds` rounds within
+Retry policy (as the reference's `llm_client.ChatLLM`), per call: up to `max_rounds` rounds within
 `total_budget_s`; in a round at most `attempts_per_round` load failures (429, 5xx, network
 errors, timeouts). A load failure puts the channel in a cooldown (429: 30 s, 503: 20 s, other
 5xx: 20 s, network: 15 s) shared by all calls to it; a key-less (local) channel is not asked
@@ -103,7 +103,8 @@ _TOP_OPTIONAL = {"price_table_version"}
 _WORKER_REQUIRED = {"description", "base_url", "model", "timeout_s"}
 _WORKER_OPTIONAL = {"api_key_env", "extra_body", "price", "backend"}
 _PRICE_KEYS = {"input", "output"}
-# Set by the pool (§4.5); an extra_body that changed them would silently change the experiment.
+# Set by the pool (as the reference's client sets them); an extra_body that changed them would
+# silently change the experiment.
 _RESERVED_BODY_KEYS = {"model", "messages", "temperature", "seed", "max_tokens", "stream", "n"}
 _SECRET_LIKE_KEY = re.compile(r"api_?key|secret|passw|authori[sz]ation|bearer|^key$|^token$")
 
@@ -129,8 +130,9 @@ class ChannelConfigError(ValueError):
     """A channel file is malformed; the message names the file and the field."""
 
 
-# HttpWorkerPool's sampling defaults (reference §4.5: temperature 0.2, seed 42), shared with
-# the record/replay cache key so the two never drift apart.
+# HttpWorkerPool's sampling defaults (the reference client's temperature 0.2, seed 42;
+# docs/paper_configs.md, "configs/paper/base.yaml"), shared with the record/replay cache key so
+# the two never drift apart.
 DEFAULT_TEMPERATURE = 0.2
 DEFAULT_SEED = 42
 DEFAULT_MAX_TOKENS = 4096

@@ -1,4 +1,5 @@
-"""Answer scorers, one per `scorer_dataset` name (reference §5.3), found through `registry`.
+"""Answer scorers, one per `scorer_dataset` name (the reference's dataset-to-scorer mapping),
+found through `registry`.
 
 `math_equiv` (symbolic math), `text` (letter, SAT/UNSAT, alias EM, short-answer EM and
 containment) and `code` (programs run against tests in the sandbox) register themselves;

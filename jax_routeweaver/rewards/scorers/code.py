@@ -1,4 +1,5 @@
-"""Code scorers (reference §5.3, §5.4): programs run against `meta.tests` in the sandbox.
+"""Code scorers (the reference's matching rules): programs run against `meta.tests` in the
+sandbox.
 
     stdin, livecodebench, taco_mm   LCB rules. stdin tests (the default): each test runs the
         program in a fresh child with the test's input on stdin (a list of lines is joined by
@@ -20,8 +21,8 @@ Correct iff there is at least one test and every test passed. The program is
 tag), else the text after the last unclosed opening fence, else the last `<answer>` body if it
 looks like code, else the text itself if it looks like code (a line starting with def, class,
 import, from or print( ), else nothing (no code: wrong, nothing runs). The `<answer>` step is
-not in §5.4; it only matters for texts without a fence (the reward tries the answer body as a
-separate candidate anyway, §5.1).
+not in the reference's rules; it only matters for texts without a fence (the reward tries the
+answer body as a separate candidate anyway; docs/algorithm.md, "The verdict").
 
 Expected outputs never enter the sandbox: the child reports outputs, the comparison happens
 here, so a program cannot forge a pass. Malformed `meta` (no tests, undecodable inputs, a

@@ -1,4 +1,4 @@
-"""Math scorer: symbolic equivalence plus the reference's own rules (§5.3-§5.4, `scorer.score`).
+"""Math scorer: symbolic equivalence plus the reference's own rules (its `scorer.score`).
 
 Verdict for a non-empty prediction against the gold list, first rule that fires:
 
@@ -80,7 +80,7 @@ _PM_PREFIX = re.compile(r"^\\?pm\s*(.+)$", re.S)
 
 
 def normalize_math(text: str | None) -> str:
-    """§5.4 sign-preserving normalisation (EM and the string-match guard).
+    """The reference's sign-preserving normalisation (EM and the string-match guard).
 
     Unwrap `\\boxed{}`, `\\text{}`, outer `()` / `{}` (up to 3 rounds); `\\%` -> `%`; strip
     `\\left \\right \\! \\, \\; \\  \\( \\) \\[ \\] $` and whitespace; drop trailing `.`;

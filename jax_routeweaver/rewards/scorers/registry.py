@@ -1,10 +1,10 @@
-"""The `scorer_dataset` -> scorer registry (reference §5.3, `bench_scoring.score`).
+"""The `scorer_dataset` -> scorer registry (the reference's `bench_scoring.score` dispatch).
 
 A scorer is `scorer(prediction, gold, meta) -> ScoreResult`: the extracted answer text, the
 accepted gold answers and the row's `meta` (code scorers read their tests there). Dispatch is
 an exact dictionary lookup on the name — no aliases, no fallback: an unknown name raises
 `UnknownScorerError`, which the reward turns into `sandbox_error` (the row is dropped as infra,
-§5.3 "anything else").
+the reference's "anything else" case).
 
 Built-in scorers live in sibling modules that register themselves on import (`math_equiv`,
 `text`, and `code`, the last written separately); `get_scorer` and `known_scorers` import them

@@ -1,7 +1,8 @@
-"""Text scorers: letter, SAT/UNSAT, TriviaQA alias EM, short-answer EM / containment (§5.3-§5.4).
+"""Text scorers: letter, SAT/UNSAT, TriviaQA alias EM, short-answer EM / containment.
 
 Each scorer takes the already-extracted answer (router `<answer>` body or `extract_answer` of a
-worker reply, §5.5) and applies the reference's own normalisation, reproduced exactly:
+worker reply, docs/protocol.md, "Candidate answers of worker replies") and applies the
+reference's own normalisation, reproduced exactly:
 
 =====================================  =========================================================
 `mc_letter` `supergpqa` `longbench_v2`  uppercase; LAST standalone `\\b[A-J]\\b`; equal to
@@ -14,7 +15,7 @@ worker reply, §5.5) and applies the reference's own normalisation, reproduced e
 `bbeh_mini`                             `short_norm` equal, no containment
 =====================================  =========================================================
 
-Helpers: `normalize_answer` / `squad_em` / `squad_f1` (SQuAD, Router-R1 §3.2-3.3) and
+Helpers: `normalize_answer` / `squad_em` / `squad_f1` (SQuAD, as Router-R1's reward) and
 `short_norm` / `short_f1` (the short-answer normaliser of `bench_scoring._norm`).
 """
 
@@ -94,7 +95,7 @@ _NON_ALNUM = re.compile(r"[^0-9a-z]+")
 
 
 def short_norm(text: str | None) -> str:
-    """§5.4 `_norm`: lowercase, strip, drop a leading "(the )(final )answer (is|:)", drop
+    """The reference's `_norm`: lowercase, strip, drop a leading "(the )(final )answer (is|:)", drop
     trailing `*` / `.` / spaces, collapse whitespace."""
     text = str(text or "").strip().lower()
     text = _ANSWER_PREFIX.sub("", text, count=1)
@@ -131,7 +132,8 @@ _LETTER = re.compile(r"\b([A-J])\b")
 
 
 def pick_letter(answer: str | None) -> str | None:
-    """The LAST standalone letter A-J of the uppercased answer, or None (§5.4 SuperGPQA)."""
+    """The LAST standalone letter A-J of the uppercased answer, or None (the reference's SuperGPQA
+    rule)."""
     hits = _LETTER.findall(_text(answer).upper())
     return hits[-1] if hits else None
 
@@ -153,7 +155,7 @@ _SAT_WORDS = {"YES": "SAT", "TRUE": "SAT", "NO": "UNSAT", "FALSE": "UNSAT"}
 
 
 def pick_sat(answer: str | None) -> str | None:
-    """§5.4 SATBench: "SAT", "UNSAT" or None.
+    """The reference's SATBench rule: "SAT", "UNSAT" or None.
 
     Uppercase; if only one of UNSAT(ISFIABLE) / SAT(ISFIABLE) occurs as a word, that one; if
     both, the one whose last occurrence ends later; if neither, the whole answer without a
@@ -201,10 +203,11 @@ def score_triviaqa(prediction: str, gold: Sequence[str],
 
 def score_short_answer(prediction: str | None, gold: Sequence[str], *, containment: bool,
                        both_ways: bool = False) -> ScoreResult:
-    """§5.4 `_em_short`. em = `short_norm` equality with some gold. With `containment`, a miss
-    is still correct when a non-empty normalised gold occurs in the non-empty normalised
-    prediction with alphanumeric boundaries (`contains_bounded`); `both_ways` also accepts the
-    prediction inside a gold (implemented by the reference, enabled by none of its scorers).
+    """The reference's `_em_short`. em = `short_norm` equality with some gold. With
+    `containment`, a miss is still correct when a non-empty normalised gold occurs in the
+    non-empty normalised prediction with alphanumeric boundaries (`contains_bounded`);
+    `both_ways` also accepts the prediction inside a gold (implemented by the reference,
+    enabled by none of its scorers).
     f1 = best `short_f1`.
     """
     golds = gold_list(gold, "short-answer scorer")
