@@ -503,7 +503,8 @@ def _quickstart_episodes(args: argparse.Namespace, tokenizer, model, cfg) -> lis
     from jax_routeweaver.routing.episode import run_episodes
     from jax_routeweaver.routing.pricing import REFERENCE_PRICES
     from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
-    from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
     from jax_routeweaver.sampling.base import SamplingParams
     from jax_routeweaver.sampling.constraints import GrammarConstraints
     from jax_routeweaver.sampling.jax_sampler import JaxSampler
@@ -602,8 +603,8 @@ def _billing_table(channels: Path | None) -> tuple[Any, str]:
     """(prices, price_table_version) a cost dump was billed at: the reference table, or the
     channel file's prices under its `price_table_version` (a C_ref is only meaningful under
     a named table, so a file without one is a ValueError)."""
+    from jax_routeweaver.routing.channels import load_channels
     from jax_routeweaver.routing.pricing import PRICE_TABLE_VERSION, REFERENCE_PRICES
-    from jax_routeweaver.routing.workers import load_channels
 
     if channels is None:
         return REFERENCE_PRICES, PRICE_TABLE_VERSION

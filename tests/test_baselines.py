@@ -39,7 +39,8 @@ from jax_routeweaver.rewards.scorers.registry import score
 from jax_routeweaver.routing.answers import extract_answer
 from jax_routeweaver.routing.pricing import REFERENCE_PRICES, PricingError
 from jax_routeweaver.routing.prompts import single_multi_payload
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 
 N_TASKS = 250
 TASK_SEED = 0

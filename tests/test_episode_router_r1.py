@@ -9,7 +9,8 @@ from jax_routeweaver.rl.router_r1_run import as_rewards
 from jax_routeweaver.routing import router_r1 as r1
 from jax_routeweaver.routing.episode import EpisodeStats, run_episodes
 from jax_routeweaver.routing.router_r1_env import router_r1_envs
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 
 MODEL_WORKERS = {m.name: f"worker_{i}" for i, m in enumerate(r1.PROMPT_MODELS, 1)}
 

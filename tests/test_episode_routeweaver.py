@@ -11,7 +11,8 @@ from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing.episode import run_episodes
 from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import JaxSampler

@@ -294,7 +294,8 @@ def test_real_episodes(tok):
     selector turn is invalid; scored by the real scorers."""
     from jax_routeweaver.routing.episode import run_episodes
     from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
-    from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 
     tasks = synthetic_tasks(2, seed=0, domains=("RECALL", "KNOWLEDGE"))
     bad = tasks[1].question  # this one gets an invalid selector turn

@@ -28,7 +28,8 @@ from jax_routeweaver.routing.pricing import (
     pool_prices,
 )
 from jax_routeweaver.routing.replay import ReplayPool
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 from jax_routeweaver.routing.workers import HttpWorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from jax_routeweaver.data.records import (
     write_jsonl,
     write_parquet,
 )
-from jax_routeweaver.routing.simulated import synthetic_tasks
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 
 
 def make(**changes) -> Record:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from jax_routeweaver.routing.calls import Usage, WorkerCall
+from jax_routeweaver.routing.channels import parse_channels
 from jax_routeweaver.routing.pricing import REFERENCE_PRICES, trajectory_cost
 from jax_routeweaver.routing.replay import (
     CacheFileError,
@@ -17,8 +18,8 @@ from jax_routeweaver.routing.replay import (
     http_identity,
     pool_identity,
 )
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
-from jax_routeweaver.routing.workers import parse_channels
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 
 SECRET = "sk-test-0123456789abcdef"
 

@@ -281,7 +281,7 @@ def test_rollout_metrics_of_router_r1_rows():
     from jax_routeweaver.rl.router_r1_run import as_rewards
     from jax_routeweaver.routing.calls import Usage, WorkerCall
     from jax_routeweaver.routing.episode import Trajectory
-    from jax_routeweaver.routing.simulated import synthetic_tasks
+    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 
     record = synthetic_tasks(1, seed=0)[0]  # MATH, gold "158"
     ok = "<think> a </think>\n<answer> 158 </answer>"

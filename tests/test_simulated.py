@@ -24,13 +24,11 @@ from jax_routeweaver.routing.calls import Usage, WorkerCall, WorkerPool
 from jax_routeweaver.routing.simulated import (
     DEFAULT_DYNAMICS,
     DEFAULT_PROFILES,
-    LEVELS,
-    SIM_SCORERS,
     SimulatedWorkerPool,
     WorkerProfile,
     estimate_tokens,
-    synthetic_tasks,
 )
+from jax_routeweaver.routing.synthetic_tasks import LEVELS, SIM_SCORERS, synthetic_tasks
 
 # Reference price table (docs/algorithm.md, "Trajectory cost"), USD per 1M tokens (input,
 # output). Kept here on purpose: the simulator reports usage only, cost is the caller's

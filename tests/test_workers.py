@@ -20,14 +20,9 @@ import pytest
 import yaml
 
 from jax_routeweaver.routing.calls import Usage, WorkerCall, WorkerPool
+from jax_routeweaver.routing.channels import ChannelConfigError, load_channels, parse_channels
 from jax_routeweaver.routing.pricing import REFERENCE_PRICES, verify_pool
-from jax_routeweaver.routing.workers import (
-    ChannelConfigError,
-    HttpWorkerPool,
-    MissingApiKeyError,
-    load_channels,
-    parse_channels,
-)
+from jax_routeweaver.routing.workers import HttpWorkerPool, MissingApiKeyError
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "RW_TEST_WORKER_KEY"

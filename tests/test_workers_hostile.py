@@ -396,8 +396,8 @@ def test_hostile_replies_never_show_the_key(server, gzip_bomb, caplog):
 
 
 def test_non_utf8_channel_and_cost_ref_files_name_file_and_line(tmp_path):
+    from jax_routeweaver.routing.channels import ChannelConfigError, load_channels
     from jax_routeweaver.routing.pricing import load_cost_ref
-    from jax_routeweaver.routing.workers import ChannelConfigError, load_channels
 
     channels = tmp_path / "channels.yaml"
     channels.write_bytes(b"workers:\n  worker_1:\n    description: caf\xe9\n")

@@ -79,6 +79,7 @@ from jax_routeweaver.rl.pool_check import check_run_pool
 from jax_routeweaver.rl.sidecar import Sidecar
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
+from jax_routeweaver.routing.channels import load_channels
 from jax_routeweaver.routing.episode import run_episodes_async
 from jax_routeweaver.routing.pricing import WorkerPrice, billable_tokens, pool_prices
 from jax_routeweaver.routing.replay import (
@@ -89,8 +90,8 @@ from jax_routeweaver.routing.replay import (
     http_identity,
 )
 from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
-from jax_routeweaver.routing.simulated import synthetic_tasks
-from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE, HttpWorkerPool, load_channels
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE, HttpWorkerPool
 
 CACHE_FILE = "worker_cache.jsonl"
 SYNTHETIC = "synthetic"

@@ -63,11 +63,13 @@ from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.rl.trainer import Trainer, support_batch
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
+from jax_routeweaver.routing.channels import load_channels
 from jax_routeweaver.routing.episode import EpisodeStats, run_episodes_async
 from jax_routeweaver.routing.pricing import C_REF_USD, load_cost_ref, pool_prices
 from jax_routeweaver.routing.routeweaver_env import NO_CANDIDATE_ANSWER, EnvConfig, routeweaver_envs
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool, synthetic_tasks
-from jax_routeweaver.routing.workers import HttpWorkerPool, load_channels
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.workers import HttpWorkerPool
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampler

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from jax_routeweaver.rewards.router_r1_reward import worker_prices
 from jax_routeweaver.rl import router_r1_run as r1run
 from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.routing.channels import ChannelConfig, load_channels
 from jax_routeweaver.routing.pricing import (
     PRICE_TABLE_VERSION,
     REFERENCE_PRICES,
@@ -45,13 +46,7 @@ from jax_routeweaver.routing.pricing import (
     price_problems,
 )
 from jax_routeweaver.routing.simulated import DEFAULT_PROFILES
-from jax_routeweaver.routing.workers import (
-    MODELS_TIMEOUT_S,
-    ChannelConfig,
-    check_endpoints,
-    load_channels,
-    missing_keys,
-)
+from jax_routeweaver.routing.workers import MODELS_TIMEOUT_S, check_endpoints, missing_keys
 
 SIMULATED = "simulated"
 REFERENCE_TABLE = "the reference price table"

@@ -107,7 +107,7 @@ def cache_key(worker: str, payload: str, identity: CallIdentity,
 # ------------------------------------------------------------------------------ identities
 def http_identity(channels: Any, *, temperature: float | None = None, seed: int | None = None,
                   default_max_tokens: int | None = None) -> Identify:
-    """`CallIdentity` of an `HttpWorkerPool` over `channels` (a `workers.ChannelConfig`).
+    """`CallIdentity` of an `HttpWorkerPool` over `channels` (a `channels.ChannelConfig`).
 
     Backend: model name, endpoint URL, price label and a sha256 of the channel's
     ``extra_body`` (hashed: it is sent with every request and could hold anything). Sampling:
