@@ -449,16 +449,17 @@ def layer_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.
     (biased with `qkv_bias`, then normed with `qk_norm`, then rotated by `cos`, `sin`
     `[B, T, H]`) and the residual x `[B, P, D]`; P = T, or the positions `gather [B, P]` picks
     (queries and residual only there). Shared by the dense and the paged decoder."""
+    dt = x.dtype  # the weights' compute dtype: the residual stream's, not the norm's output
     eps = cfg.rms_norm_eps
     h = rms_norm(x, p["attn_norm"], eps)
-    k = _project(h, p, "k", cfg.qkv_bias)
-    v = _project(h, p, "v", cfg.qkv_bias)
+    k = _project(h, p, "k", cfg.qkv_bias, dt)
+    v = _project(h, p, "v", cfg.qkv_bias, dt)
     if gather is not None:
         h, x = _take_rows(h, gather), _take_rows(x, gather)
         q_cos, q_sin = _take_rows(cos, gather), _take_rows(sin, gather)
     else:
         q_cos, q_sin = cos, sin
-    q = _project(h, p, "q", cfg.qkv_bias)
+    q = _project(h, p, "q", cfg.qkv_bias, dt)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], eps)
         k = rms_norm(k, p["k_norm"], eps)
@@ -466,11 +467,11 @@ def layer_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.
     return q, k, v, x
 
 
-def _project(h: jax.Array, p: dict[str, jax.Array], name: str, bias: bool) -> jax.Array:
-    """h `[B, T, D]` through `p[name + "_proj"]` `[D, heads, H]` -> `[B, T, heads, H]`, plus
-    `p[name + "_bias"]` `[heads, H]` when `bias` (HF's Linear: x W^T + b, in the compute
-    dtype)."""
-    dt = h.dtype
+def _project(h: jax.Array, p: dict[str, jax.Array], name: str, bias: bool,
+             dt: jnp.dtype) -> jax.Array:
+    """h `[B, T, D]` through `p[name + "_proj"]` `[D, heads, H]` (cast to `dt`) ->
+    `[B, T, heads, H]`, plus `p[name + "_bias"]` `[heads, H]` when `bias` (HF's Linear:
+    x W^T + b)."""
     out = jnp.einsum("btd,dnh->btnh", h, p[f"{name}_proj"].astype(dt))
     return out + p[f"{name}_bias"].astype(dt) if bias else out
 
