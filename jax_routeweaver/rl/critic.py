@@ -93,7 +93,7 @@ class Critic:
         """Values ``[N, P]`` (fp32, host) of the tokens at ``index [N, P]``; inputs
         ``[N, L]``, N a multiple of the policy's micro-batch size."""
         m = self.batching.micro_batches(tokens.shape[0])
-        args = [self._put(a, m) for a in (tokens, positions, attention_mask, index)]
+        args = [self.batching.place_rows(a, m) for a in (tokens, positions, attention_mask, index)]
         return to_host(self._values(self.state.params, *args)).reshape(tokens.shape[0], -1)
 
     def update(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
@@ -109,7 +109,7 @@ class Critic:
         for _ in range(loss.ppo_epochs):
             for part in rows:
                 m = self.batching.micro_batches(len(part))
-                arrays = [self._put(np.asarray(a)[part], m) for a in (
+                arrays = [self.batching.place_rows(np.asarray(a)[part], m) for a in (
                     tokens, positions, attention_mask, index, mask, returns, old_values)]
                 n_tokens = jnp.maximum(jnp.float32(np.asarray(mask)[part].sum()), 1.0)
                 grads, stats = self._grads(self.state.params, *arrays, n_tokens)
@@ -118,11 +118,6 @@ class Critic:
         return {k: float(np.mean([s[k] for s in per_step])) for k in per_step[0]}
 
     # ------------------------------------------------------------------ jitted
-    def _put(self, a: np.ndarray, m: int) -> jax.Array:
-        a = jnp.asarray(a).reshape(m, a.shape[0] // m, *np.shape(a)[1:])
-        sharding = self.batching.micro_batch_sharding(a.ndim)
-        return a if sharding is None else jax.device_put(a, sharding)
-
     def _value_fn(self, params: Any, tokens: jax.Array, positions: jax.Array,
                   mask: jax.Array, index: jax.Array) -> jax.Array:
         """``[B, P]`` values from the hidden states at ``index − 1``."""

@@ -600,10 +600,7 @@ class _Run:
         critic = self.critic.update(packed.tokens, packed.positions, packed.attention_mask,
                                     packed.policy_index, inputs.mask, inputs.returns,
                                     inputs.values)
-        tokens = inputs.mask.astype(bool)
-        gae_adv = {"adv/gae_abs_mean": float(np.abs(inputs.advantages[tokens]).mean())} \
-            if tokens.any() else {}
-        return inputs, inputs.metrics | critic | gae_adv
+        return inputs, inputs.metrics | critic
 
     def plan(self, batch: QueryBatch) -> list[Record]:
         """The batch's records as its episodes run them: with the curriculum's forced modes

@@ -92,9 +92,8 @@ def run_prices(cfg: TrainConfig, channels: ChannelConfig | None = None) -> Price
     """The table a RouteWeaver run bills worker calls at (module doc): the channel file's
     ``price`` entries, or REFERENCE_PRICES for the simulated pool. `channels`: the run's
     channel file if already loaded."""
-    if cfg.workers.pool == SIMULATED:
-        return REFERENCE_PRICES
-    return (channels or load_channels(cfg.workers.pool)).prices()
+    channels = channels or channels_of(cfg)
+    return REFERENCE_PRICES if channels is None else channels.prices()
 
 
 def run_price_table_version(cfg: TrainConfig, channels: ChannelConfig | None = None
@@ -102,9 +101,8 @@ def run_price_table_version(cfg: TrainConfig, channels: ChannelConfig | None = N
     """The version label of `run_prices(cfg)`: the channel file's ``price_table_version``
     (None if it has none), or `pricing.PRICE_TABLE_VERSION` for the simulated pool. A
     ``cost_ref.json`` is only meaningful under the table it names (`pricing.load_cost_ref`)."""
-    if cfg.workers.pool == SIMULATED:
-        return PRICE_TABLE_VERSION
-    return (channels or load_channels(cfg.workers.pool)).price_table_version
+    channels = channels or channels_of(cfg)
+    return PRICE_TABLE_VERSION if channels is None else channels.price_table_version
 
 
 def pool_checks(cfg: TrainConfig, *, network: bool = True,

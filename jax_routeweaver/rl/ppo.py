@@ -66,7 +66,8 @@ def diagnostics(inputs: PPOInputs, raw_advantages: np.ndarray, kl: np.ndarray
     """``ppo_gae/*`` over the entries that train (none: no keys): ``values_mean``,
     ``returns_mean``, ``advantages_raw_mean`` (before whitening), ``kl_mean`` (mean
     logp − ref_logp per token, the reward penalty's estimate before β), and
-    ``explained_variance`` = 1 − Var(R − V) / Var(R) (1: the critic predicts the returns)."""
+    ``explained_variance`` = 1 − Var(R − V) / Var(R) (1: the critic predicts the returns),
+    and ``adv/gae_abs_mean`` (mean |Â| of the advantages the policy trains on)."""
     m = inputs.mask.astype(bool)
     if not m.any():
         return {}
@@ -75,7 +76,8 @@ def diagnostics(inputs: PPOInputs, raw_advantages: np.ndarray, kl: np.ndarray
     out = {"ppo_gae/values_mean": float(values.mean()),
            "ppo_gae/returns_mean": float(returns.mean()),
            "ppo_gae/advantages_raw_mean": float(raw_advantages[m].mean()),
-           "ppo_gae/kl_mean": float(kl[m].mean())}
+           "ppo_gae/kl_mean": float(kl[m].mean()),
+           "adv/gae_abs_mean": float(np.abs(inputs.advantages[m]).mean())}
     if var > 0:
         out["ppo_gae/explained_variance"] = 1.0 - float(np.var(returns - values)) / var
     return out

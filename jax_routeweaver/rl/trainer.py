@@ -300,8 +300,8 @@ class Trainer:
             return self._grouped_logprobs(params, groups, tokens, positions, attention_mask,
                                           index)
         m = self.micro_batches(tokens.shape[0])
-        args = [self._put(a, m) for a in (tokens, positions, attention_mask)]
-        idx = None if index is None else self._put(index, m)
+        args = [self.place_rows(a, m) for a in (tokens, positions, attention_mask)]
+        idx = None if index is None else self.place_rows(index, m)
         out = self._logprobs(params, *args, idx)
         return out.reshape(tokens.shape[0], -1)
 
@@ -411,7 +411,7 @@ class Trainer:
                  advantages, clean, old_logp, ref_logp, support, support_rho, num_queries):
         m = self.micro_batches(tokens.shape[0])
         counts = losses.segment_counts(jnp.asarray(response_mask), jnp.asarray(mode_mask))
-        put = lambda a: None if a is None else self._put(a, m)
+        put = lambda a: None if a is None else self.place_rows(a, m)
         batch = StepBatch(*(put(a) for a in (
             tokens, positions, attention_mask, index, response_mask, mode_mask, advantages,
             clean, old_logp, ref_logp)))
@@ -466,9 +466,9 @@ class Trainer:
         if a is None:
             return None
         a = np.asarray(a)[rows]
-        return self._put(a if length is None else a[:, :length], 1)
+        return self.place_rows(a if length is None else a[:, :length], 1)
 
-    def _put(self, a: np.ndarray | jax.Array, m: int) -> jax.Array:
+    def place_rows(self, a: np.ndarray | jax.Array, m: int) -> jax.Array:
         """``[N, ...]`` -> ``[M, N/M, ...]`` with the row axis sharded over the batch axes."""
         a = jnp.asarray(a).reshape(m, a.shape[0] // m, *a.shape[1:])
         if self.mesh is None:
