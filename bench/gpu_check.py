@@ -13,7 +13,7 @@ Train part. Qwen3-4B shapes (D 2560, F 9728, N 32 query / K 8 kv heads of H 128,
 rope 5e6), fp32 master params, bf16 compute, `remat="full"`, scanned layers; the project's
 `Trainer.update` (reference logprob pass, then one jitted step: PPO + k3 KL, grad-norm clip,
 AdamW) on `--batch` rows of `--seq` tokens, logprobs gathered at every position but the first
-(P = T - 1). Before anything is allocated, `rl.plan.memory_plan` compiles the update and the
+(P = T - 1). Before anything is allocated, `planning.memory.memory_plan` compiles the update and the
 logprob pass on this GPU; its `peak` counts what each program keeps resident beside it:
 max(update + reference params, logprob pass + params + Adam). If that exceeds 90% of device
 memory, `num_layers` shrinks (a second plan at L/4 layers, a linear fit, a check of the choice):
@@ -80,10 +80,12 @@ from suite import write_bench_json
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import SAMPLE_RULES, TRAIN_RULES, create_sharded, make_mesh
-from jax_routeweaver.rl.plan import GIB, HEADROOM, StepShape, memory_plan
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+from jax_routeweaver.planning.memory import GIB, HEADROOM, StepShape, memory_plan
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 from jax_routeweaver.sampling.base import SamplingParams
-from jax_routeweaver.sampling.jax_sampler import JaxSampler, new_token_bucket
+from jax_routeweaver.sampling.dense_buckets import new_token_bucket
+from jax_routeweaver.sampling.jax_sampler import JaxSampler
 
 QWEN3_4B = ModelConfig(vocab_size=151_936, hidden_size=2560, intermediate_size=9728,
                        num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
@@ -320,13 +322,13 @@ def train_part(base: ModelConfig, args: argparse.Namespace, spec: DeviceSpec, cl
     out["init_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    trainer.update(**batch)
+    trainer.update(UpdateBatch(**batch))
     out["warmup_step_s"] = time.perf_counter() - t
     compiles, compile_s = clock.compiles, clock.compile_s
     times = []
     for _ in range(args.steps):
         t = time.perf_counter()
-        metrics = trainer.update(**batch)
+        metrics = trainer.update(UpdateBatch(**batch))
         times.append(time.perf_counter() - t)
         if clock.spent():
             break

@@ -37,7 +37,8 @@ from rich.table import Table
 
 from jax_routeweaver.models.qwen3 import Qwen3, init_cache
 from jax_routeweaver.models.sharding import create_sharded, make_mesh
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 
 TOLERANCE = 1e-4
 
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     grads, logits, prefills = {}, {}, {}
     for name, side in sides.items():
         with side():
-            grads[name] = flat(trainers[name].gradients(**batch)[0])
+            grads[name] = flat(trainers[name].gradients(UpdateBatch(**batch))[0])
             # A new jit per side: jit would reuse the first side's trace.
             prefills[name] = jax.jit(lambda s: prefill(s)).lower(state).compile()
             logits[name] = np.asarray(prefills[name](state)[0])
@@ -125,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         with side():
             trainer = trainers[name]
             times[name] = {
-                "update": median_time(lambda t=trainer: (t.update(**batch), t.state.params)[1],
-                                      args.repeats),
+                "update": median_time(
+                    lambda t=trainer: (t.update(UpdateBatch(**batch)), t.state.params)[1],
+                    args.repeats),
                 "prefill": median_time(lambda c=prefills[name]: c(state), args.repeats)}
     table = Table(title=f"median of {args.repeats} (s)")
     for col in ("last layer", "update", f"prefill [{B}, {P}]"):

@@ -37,7 +37,9 @@ from rich.table import Table
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import create_sharded, make_mesh
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer, length_bucket
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.shapes import length_bucket
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 
 TOLERANCE = 1e-4
 
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         trainers[name] = Trainer(create_sharded(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)), mesh),
                                  OptimConfig(lr=1e-3), loss, temperature=1.0, mesh=mesh)
 
-    grads = {name: flat(t.gradients(**batch)[0]) for name, t in trainers.items()}
+    grads = {name: flat(t.gradients(UpdateBatch(**batch))[0]) for name, t in trainers.items()}
     ref, got = grads.values()
     rel = float(np.abs(ref - got).max() / np.abs(ref).max())
     console = Console()
@@ -135,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     times = {}
     for name, trainer in trainers.items():
         for _ in range(2):  # compile (the second: params placed as the update returns them)
-            trainer.update(**batch)
+            trainer.update(UpdateBatch(**batch))
         runs = []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            trainer.update(**batch)
+            trainer.update(UpdateBatch(**batch))
             jax.block_until_ready(trainer.state.params)
             runs.append(time.perf_counter() - start)
         times[name] = statistics.median(runs)

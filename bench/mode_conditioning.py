@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jax_routeweaver.models.sharding import make_mesh  # noqa: E402
-from jax_routeweaver.rl import loop  # noqa: E402
+from jax_routeweaver.rl import builders  # noqa: E402
+from jax_routeweaver.rl.routeweaver_run import mode_declarations  # noqa: E402
 from jax_routeweaver.rl.train_config import load_train_config  # noqa: E402
 from jax_routeweaver.routing import prompts  # noqa: E402
 
@@ -58,12 +59,12 @@ class Router:
     def __init__(self, config: Path, overrides: list[str]):
         cfg = load_train_config(config, overrides)
         console = Console(quiet=True)
-        self.records = loop.build_records(cfg, console)
-        pool = loop.build_pool(cfg, self.records)
-        self.tokenizer = loop.build_tokenizer(cfg, self.records, pool)
+        self.records = builders.build_records(cfg, console)
+        pool = builders.build_pool(cfg, self.records)
+        self.tokenizer = builders.build_tokenizer(cfg, self.records, pool)
         mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
-        self.model = loop.build_policy(cfg, mesh, self.tokenizer)
-        declarations = loop.mode_declarations(self.tokenizer)
+        self.model = builders.build_policy(cfg, mesh, self.tokenizer)
+        declarations = mode_declarations(self.tokenizer)
         prefix = 0
         while len({tuple(d[:prefix + 1]) for d in declarations}) == 1:
             prefix += 1

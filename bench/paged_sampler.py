@@ -43,8 +43,9 @@ from rich.table import Table
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.sampling.base import Completion, SamplingParams
-from jax_routeweaver.sampling.jax_sampler import DEFAULT_BATCH_BUCKETS, JaxSampler
-from jax_routeweaver.sampling.paged_engine import PagedOptions, kv_bytes_per_token
+from jax_routeweaver.sampling.dense_buckets import DEFAULT_BATCH_BUCKETS
+from jax_routeweaver.sampling.jax_sampler import JaxSampler
+from jax_routeweaver.sampling.paged_options import PagedConfig, kv_bytes_per_token
 
 STOP = "<stop>"
 Workload = Callable[[JaxSampler], list[Completion]]
@@ -142,7 +143,7 @@ def run_mix(mix: str, args: argparse.Namespace, model: Qwen3, console: Console) 
     max_rows = args.qs_rows if mix == "quickstart" else args.paper_rows
     for label, budget in (("paged, equal memory", dense_tokens),
                           ("paged, 1/3 memory", dense_tokens // 3)):
-        options = PagedOptions(page_size=args.page, budget_tokens=int(budget),
+        options = PagedConfig(page_size=args.page, budget_tokens=int(budget),
                                max_rows=max_rows, steps_per_sync=args.sync)
         paged = JaxSampler(model, decode=decode, kv_cache="paged", paged=options)
         arm = measure(label, paged, workload, args.repeats, per_token)

@@ -1,5 +1,5 @@
 """The whole RL step's per-device memory on every named target, and the settings that fit
-(`jax_routeweaver.rl.step_plan`): generates README's memory table.
+(`jax_routeweaver.planning.step`): generates README's memory table.
 
 For each target it compiles (on fake CPU devices, never runs) the trainer's update and
 logprob pass for every (mesh, layer groups) candidate of the target, searches the rollout
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default=DEFAULT_CONFIG, help="training config (YAML)")
     p.add_argument("--arch", default=DEFAULT_ARCH, help="the router's HF config.json")
     p.add_argument("--targets", default="all",
-                   help="comma-separated target names (see rl/plan.py TARGETS) or 'all'")
+                   help="comma-separated target names (see planning/memory.py TARGETS) or 'all'")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="figures in and out")
     p.add_argument("--from-json", action="store_true",
                    help="no compiles: search again from the trainer figures in --json")
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def target_names(text: str) -> list[str]:
-    from jax_routeweaver.rl.plan import TARGETS
+    from jax_routeweaver.planning.memory import TARGETS
 
     names = list(TARGETS) if text == "all" else [n for n in text.split(",") if n]
     unknown = [n for n in names if n not in TARGETS]
@@ -68,13 +68,14 @@ def load_record(path: Path) -> dict[str, Any]:
 def searched(name: str, cfg: Any, arch: Any,
              trainers: list[Any]) -> list[dict[str, Any]]:
     """The search's choices for one target from its trainer figures."""
-    from jax_routeweaver.rl import step_plan as sp
-    from jax_routeweaver.rl.plan import TARGETS
+    from jax_routeweaver.planning import step as sp
+    from jax_routeweaver.planning.memory import TARGETS
+    from jax_routeweaver.planning.rollout import RolloutSettings, RolloutShape, replica_dtype
 
     target = TARGETS[name]
     plans = sp.search(target, trainers, arch.replace(dtype=cfg.model.dtype),
-                      sp.RolloutShape.of_config(cfg, target.hosts), sp.replica_dtype(cfg),
-                      sp.RolloutSettings.of_config(cfg), min_rows=cfg.data.group_size)
+                      RolloutShape.of_config(cfg, target.hosts), replica_dtype(cfg),
+                      RolloutSettings.of_config(cfg), min_rows=cfg.data.group_size)
     return [p.as_dict() for p in plans]
 
 
@@ -82,8 +83,8 @@ def compile_target(name: str, cfg: Any, arch: Any) -> tuple[list[Any], float]:
     """The target's compiled trainer figures and the seconds it took."""
     import jax
 
-    from jax_routeweaver.rl import step_plan as sp
-    from jax_routeweaver.rl.plan import TARGETS, config_shape, plan_config
+    from jax_routeweaver.planning import step as sp
+    from jax_routeweaver.planning.memory import TARGETS, config_shape, plan_config
 
     target = TARGETS[name]
     shape = config_shape(cfg)
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         if "xla_force_host_platform_device_count" not in flags:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=16"
     from jax_routeweaver.models.config import ModelConfig
-    from jax_routeweaver.rl import step_plan as sp
+    from jax_routeweaver.planning import step as sp
+    from jax_routeweaver.planning.table import record_table, replace_block
     from jax_routeweaver.rl.train_config import load_train_config
 
     cfg = load_train_config(ROOT / args.config, args.overrides)
@@ -133,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {len(trainers)} trainer candidates in {seconds:.0f} s", flush=True)
         entry["choices"] = searched(name, cfg, arch, trainers)
         args.json.write_text(json.dumps(record, indent=1) + "\n")  # after every target
-    table = sp.record_table(record)
+    table = record_table(record)
     print(table)
     if args.write_readme:
-        args.readme.write_text(sp.replace_block(args.readme.read_text(), table))
+        args.readme.write_text(replace_block(args.readme.read_text(), table))
         print(f"rewrote the plan table in {args.readme}")
     return 0
 

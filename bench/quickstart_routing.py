@@ -8,7 +8,7 @@ outputs (``favourites.json``) it prints:
   the domain's measured favourite, and how many domains match;
 * per domain, the most called worker over the last 10 steps (``workers/share_by_domain``)
   and its share, against the pool's most skilled worker for that domain at medium
-  difficulty (`routing.simulated.DEFAULT_PROFILES`), and how many distinct workers lead.
+  difficulty (`routing.simulated_profiles.DEFAULT_PROFILES`), and how many distinct workers lead.
 
 Never pass/fail: the numbers go to bench/RESULTS.md.
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from jax_routeweaver.data.records import Domain  # noqa: E402
 from jax_routeweaver.rl.metrics import window_mean  # noqa: E402
 from jax_routeweaver.rl.run_log import read_metrics  # noqa: E402
-from jax_routeweaver.routing.simulated import DEFAULT_PROFILES  # noqa: E402
+from jax_routeweaver.routing.simulated_profiles import DEFAULT_PROFILES  # noqa: E402
 
 MODES = ("single", "multi", "agentic")
 WINDOW = 10

@@ -35,14 +35,14 @@ from rich.table import Table
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.sampling.base import SamplingParams
-from jax_routeweaver.sampling.jax_sampler import (
+from jax_routeweaver.sampling.dense_buckets import (
     DEFAULT_BATCH_BUCKETS,
     DEFAULT_PROMPT_BUCKETS,
     GROUP_COST,
-    JaxSampler,
     length_groups,
     pick_bucket,
 )
+from jax_routeweaver.sampling.jax_sampler import JaxSampler
 
 
 def main(argv: list[str] | None = None) -> int:

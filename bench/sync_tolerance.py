@@ -35,13 +35,11 @@ from jax_routeweaver.models.hf import save_hf  # noqa: E402
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs  # noqa: E402
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer  # noqa: E402
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer  # noqa: E402
-from jax_routeweaver.rl.sidecar import PROBE_TEXT  # noqa: E402
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer  # noqa: E402
-from jax_routeweaver.sampling.vllm_sidecar import (  # noqa: E402
-    ServerConfig,
-    VllmServer,
-    VllmSidecarSampler,
-)
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig  # noqa: E402
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch  # noqa: E402
+from jax_routeweaver.sampling.sidecar import PROBE_TEXT  # noqa: E402
+from jax_routeweaver.sampling.vllm_server import ServerConfig, VllmServer  # noqa: E402
+from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler  # noqa: E402
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums  # noqa: E402
 
 VOCAB = 151936
@@ -114,12 +112,13 @@ def separation(shape: str, lr: float, tokenizer) -> np.ndarray:
     n, length = 4, 48
     response = np.zeros((n, length), np.float32)
     response[:, 16:] = 1.0
-    trainer.update(tokens=rng.integers(0, 5000, (n, length)).astype(np.int32),
-                   positions=np.tile(np.arange(length, dtype=np.int32), (n, 1)),
-                   attention_mask=np.ones((n, length), bool), response_mask=response,
-                   mode_mask=np.zeros((n, length), np.float32),
-                   advantages=rng.normal(size=(n, length)).astype(np.float32) * response,
-                   clean=np.ones(n, bool))
+    trainer.update(UpdateBatch(
+        tokens=rng.integers(0, 5000, (n, length)).astype(np.int32),
+        positions=np.tile(np.arange(length, dtype=np.int32), (n, 1)),
+        attention_mask=np.ones((n, length), bool), response_mask=response,
+        mode_mask=np.zeros((n, length), np.float32),
+        advantages=rng.normal(size=(n, length)).astype(np.float32) * response,
+        clean=np.ones(n, bool)))
     return trainer_logprobs(trainer.model(), ids) - before
 
 

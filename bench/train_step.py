@@ -44,7 +44,8 @@ from rich.console import Console
 from rich.table import Table
 
 from jax_routeweaver.models.hf import load_hf
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from suite import write_bench_json
@@ -191,7 +192,7 @@ def main() -> None:
 
     # First step of each side from identical weights: the correctness check and warm-up.
     t_loss, t_norm, t_logp = torch_step()
-    metrics = trainer.update(**batch, sampler_logp=t_logp.numpy())
+    metrics = trainer.update(UpdateBatch(**batch, sampler_logp=t_logp.numpy()))
     o_loss, o_norm = metrics["loss/total"], metrics["grad/norm"]
     check = Table("first step", "ours", "torch", "rel diff")
     check.add_row("loss", f"{o_loss:.8g}", f"{t_loss:.8g}", f"{rel(o_loss, t_loss):.2e}")
@@ -206,7 +207,7 @@ def main() -> None:
                       "the timing would compare different computations[/red]")
         sys.exit(1)
 
-    t_ours = median_seconds(lambda: trainer.update(**batch), args.repeats)
+    t_ours = median_seconds(lambda: trainer.update(UpdateBatch(**batch)), args.repeats)
     t_torch = median_seconds(torch_step, args.repeats)
     tokens = args.batch * args.seq
     table = Table("side", "tokens/s", "step ms")

@@ -43,11 +43,8 @@ from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer  # noqa: E402
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer  # noqa: E402
 from jax_routeweaver.sampling.base import SamplingParams  # noqa: E402
 from jax_routeweaver.sampling.jax_sampler import JaxSampler  # noqa: E402
-from jax_routeweaver.sampling.vllm_sidecar import (  # noqa: E402
-    ServerConfig,
-    VllmServer,
-    VllmSidecarSampler,
-)
+from jax_routeweaver.sampling.vllm_server import ServerConfig, VllmServer  # noqa: E402
+from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler  # noqa: E402
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums  # noqa: E402
 
 VOCAB = 151936

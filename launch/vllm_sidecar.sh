@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start the router's vLLM sidecar by hand, the way jax_routeweaver.sampling.vllm_sidecar.VllmServer
+# Start the router's vLLM sidecar by hand, the way jax_routeweaver.sampling.vllm_server.VllmServer
 # starts it (same module, flags and environment), so that a trainer attached with
 # `rollout.sampler=vllm rollout.vllm.url=http://HOST:PORT` can sync every policy step into it.
 # See launch/README.md.

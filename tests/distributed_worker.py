@@ -17,8 +17,9 @@ from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import create_sharded, make_mesh, to_host
 from jax_routeweaver.rl.checkpoint import StateCheckpointer, save_policy
 from jax_routeweaver.rl.distributed import initialize
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 from jax_routeweaver.rl.replica import HostReplicas
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_trainer import CFG, random_batch
@@ -32,7 +33,7 @@ def main(out: str, ckpt: str) -> None:
     trainer = Trainer(model, OptimConfig(lr=1e-3), LossConfig(micro_batch_size=8), mesh=mesh)
     losses = []
     for step in range(2):
-        metrics = trainer.update(**random_batch(n=16, seed=step))
+        metrics = trainer.update(UpdateBatch(**random_batch(n=16, seed=step)))
         losses.append(metrics["loss/total"])
     save_policy(trainer.model(), f"{ckpt}/policy", 2)
     with StateCheckpointer(f"{ckpt}/state") as states:

@@ -4,6 +4,7 @@ the tiny quickstart router chooses *which* reply to trust instead of spelling an
 from xgrammar.testing import _is_grammar_accept_string as accepts
 
 from jax_routeweaver.routing import grammar as g
+from jax_routeweaver.routing import turns as tr
 from jax_routeweaver.routing.calls import WorkerCall
 from jax_routeweaver.routing.routeweaver_env import action_grammar, answer_candidates
 
@@ -22,8 +23,8 @@ def test_candidates_are_extracted_distinct_and_fit_the_answer_pattern():
 
 
 def test_single_mode_answer_must_be_a_candidate():
-    state = g.RoutingState(mode=g.Mode.SINGLE,
-                           nodes=(g.Node("n1", 1, "worker_1", "solve it"),))
+    state = tr.RoutingState(mode=g.Mode.SINGLE,
+                            nodes=(tr.Node("n1", 1, "worker_1", "solve it"),))
     ebnf = action_grammar(state, OFFERED, g.ProtocolConfig(), ["42", 'say "hi" \\ now']).ebnf
     assert accepts(ebnf, "<answer>42</answer>")
     assert accepts(ebnf, '<answer>say "hi" \\ now</answer>')
@@ -33,9 +34,9 @@ def test_single_mode_answer_must_be_a_candidate():
 
 
 def test_agentic_final_answer_must_be_a_candidate():
-    nodes = (g.Node("n1", 1, "worker_1", "solve", g.Role.EXECUTOR),
-             g.Node("n2", 2, "worker_2", "merge", g.Role.SUMMARIZER, ("n1",)))
-    state = g.RoutingState(mode=g.Mode.AGENTIC, nodes=nodes)
+    nodes = (tr.Node("n1", 1, "worker_1", "solve", g.Role.EXECUTOR),
+             tr.Node("n2", 2, "worker_2", "merge", g.Role.SUMMARIZER, ("n1",)))
+    state = tr.RoutingState(mode=g.Mode.AGENTIC, nodes=nodes)
     grammar = action_grammar(state, OFFERED, g.ProtocolConfig(), ["B", "C"])
     assert accepts(grammar.ebnf, "<answer>B</answer>")
     assert not accepts(grammar.ebnf, "<answer>A</answer>")
@@ -44,23 +45,23 @@ def test_agentic_final_answer_must_be_a_candidate():
 
 
 def test_finite_choices_are_choice_grammars_and_free_text_is_not():
-    selector = action_grammar(g.RoutingState(), OFFERED, g.ProtocolConfig())
+    selector = action_grammar(tr.RoutingState(), OFFERED, g.ProtocolConfig())
     assert selector.choices == ("<mode>single</mode>", "<mode>multi</mode>",
                                 "<mode>agentic</mode>")
-    used = g.RoutingState(mode=g.Mode.SINGLE, nodes=(g.Node("n1", 1, "worker_1", "solve"),))
+    used = tr.RoutingState(mode=g.Mode.SINGLE, nodes=(tr.Node("n1", 1, "worker_1", "solve"),))
     assert action_grammar(used, OFFERED, g.ProtocolConfig(), ["7"]).choices == (
         "<answer>7</answer>",)
     assert action_grammar(used, OFFERED, g.ProtocolConfig()).choices == ()  # free answer
-    fresh = g.RoutingState(mode=g.Mode.MULTI)
+    fresh = tr.RoutingState(mode=g.Mode.MULTI)
     assert action_grammar(fresh, OFFERED, g.ProtocolConfig(), ["7"]).choices == ()  # a route
 
 
 def test_fixed_task_text_replaces_free_text_in_every_route():
-    multi = action_grammar(g.RoutingState(mode=g.Mode.MULTI), OFFERED, g.ProtocolConfig(),
+    multi = action_grammar(tr.RoutingState(mode=g.Mode.MULTI), OFFERED, g.ProtocolConfig(),
                            task_text="Solve it.").ebnf
     assert accepts(multi, '<route model="worker_2">Solve it.</route>')
     assert not accepts(multi, '<route model="worker_2">Solve that.</route>')
-    agentic = action_grammar(g.RoutingState(mode=g.Mode.AGENTIC), OFFERED, g.ProtocolConfig(),
+    agentic = action_grammar(tr.RoutingState(mode=g.Mode.AGENTIC), OFFERED, g.ProtocolConfig(),
                              task_text="Solve it.").ebnf
     route = '<route model="worker_1" role="planner" refs="">Solve it.</route>'
     assert accepts(agentic, route)
@@ -68,20 +69,20 @@ def test_fixed_task_text_replaces_free_text_in_every_route():
 
 
 def _nodes(*roles):
-    return tuple(g.Node(f"n{i}", i, "worker_1", "t", role) for i, role in enumerate(roles, 1))
+    return tuple(tr.Node(f"n{i}", i, "worker_1", "t", role) for i, role in enumerate(roles, 1))
 
 
 FINITE_CASES = [  # (state, answers, expected number of options)
-    (g.RoutingState(mode=g.Mode.SINGLE), ["7"], 2),  # a route to one of two workers
-    (g.RoutingState(mode=g.Mode.SINGLE, nodes=_nodes(None)), ["7", "8"], 2),  # answer only
-    (g.RoutingState(mode=g.Mode.MULTI, nodes=_nodes(None, None)), ["7"], 3),  # route or answer
-    (g.RoutingState(mode=g.Mode.AGENTIC), [], 2 * 2 + 2),  # planner/executor + summarizer
+    (tr.RoutingState(mode=g.Mode.SINGLE), ["7"], 2),  # a route to one of two workers
+    (tr.RoutingState(mode=g.Mode.SINGLE, nodes=_nodes(None)), ["7", "8"], 2),  # answer only
+    (tr.RoutingState(mode=g.Mode.MULTI, nodes=_nodes(None, None)), ["7"], 3),  # route or answer
+    (tr.RoutingState(mode=g.Mode.AGENTIC), [], 2 * 2 + 2),  # planner/executor + summarizer
     # two nodes: planner/executor with refs "", n1, n2, "n1,n2"; verifier and summarizer
     # with one of the three non-empty ref sets; times two workers
-    (g.RoutingState(mode=g.Mode.AGENTIC, nodes=_nodes(g.Role.PLANNER, g.Role.EXECUTOR)), [],
+    (tr.RoutingState(mode=g.Mode.AGENTIC, nodes=_nodes(g.Role.PLANNER, g.Role.EXECUTOR)), [],
      2 * (2 * 4 + 3 + 3)),
-    (g.RoutingState(mode=g.Mode.AGENTIC,
-                    nodes=_nodes(g.Role.EXECUTOR, g.Role.SUMMARIZER)), ["B", "C"], 2),
+    (tr.RoutingState(mode=g.Mode.AGENTIC,
+                     nodes=_nodes(g.Role.EXECUTOR, g.Role.SUMMARIZER)), ["B", "C"], 2),
 ]
 
 
@@ -93,13 +94,13 @@ def test_with_fixed_task_text_every_action_is_a_finite_canonical_choice():
         assert grammar.end_with_stop_token == (state.mode == g.Mode.AGENTIC
                                                and not state.summarizer_done)
         for option in grammar.choices:  # every option is an action the protocol accepts
-            decision = g.handle_action_turn(option, state, OFFERED, g.ProtocolConfig()).decision
-            assert isinstance(decision, g.Dispatch | g.AnswerAccepted), (option, decision)
+            decision = tr.handle_action_turn(option, state, OFFERED, g.ProtocolConfig()).decision
+            assert isinstance(decision, tr.Dispatch | tr.AnswerAccepted), (option, decision)
             assert accepts(grammar.ebnf, option)
 
 
 def test_fixed_task_text_with_a_free_answer_due_stays_a_text_grammar():
-    used = g.RoutingState(mode=g.Mode.SINGLE, nodes=_nodes(None))
+    used = tr.RoutingState(mode=g.Mode.SINGLE, nodes=_nodes(None))
     grammar = action_grammar(used, OFFERED, g.ProtocolConfig(), [], task_text="Solve it.")
     assert grammar.choices == ()
     assert accepts(grammar.ebnf, "<answer>anything</answer>")

@@ -2,7 +2,7 @@
 
 Setup: 250 synthetic tasks on the simulated pool (50 per domain, balanced difficulties), split
 60/40 into train/eval by a seeded shuffle. The simulated workers are specialists per domain
-(simulated.py's profile table), so a router that recognises the domain of a query from its
+(simulated_profiles.py's profile table), so a router that recognises the domain of a query from its
 embedding beats a random pick. Measured with this setup (split seed 0, eval n = 100):
 random 0.50 (expected over picks 0.53), largest (worker_6) 0.63, kNN (k=10) 0.70, MLP 0.70,
 oracle 0.93. Over split seeds 0-9 kNN and MLP beat the random router's rows by 0.10-0.27, so
@@ -21,19 +21,16 @@ import pytest
 from jax_routeweaver.data.records import Domain
 from jax_routeweaver.eval.baselines import (
     BASELINE_NAMES,
-    ROW_KEYS,
-    KNNRouter,
     LargestWorkerRouter,
-    MLPRouter,
     OracleRouter,
     RandomRouter,
-    collect_worker_outcomes,
     evaluate_baselines,
     priciest_worker,
     route_rows,
-    single_payload,
     write_rows,
 )
+from jax_routeweaver.eval.learned_routers import KNNRouter, MLPRouter
+from jax_routeweaver.eval.worker_outcomes import ROW_KEYS, collect_worker_outcomes, single_payload
 from jax_routeweaver.models.sentence_encoder import EMBEDDING_DIM, Embedder
 from jax_routeweaver.rewards.scorers.registry import score
 from jax_routeweaver.routing.answers import extract_answer

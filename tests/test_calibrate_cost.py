@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from jax_routeweaver.cli import main
+from jax_routeweaver.cli.app import main
 from jax_routeweaver.routing.pricing import PRICE_TABLE_VERSION, REFERENCE_PRICES
 
 KEPT = [0.004, 0.001, 0.010, 0.003, 0.002]  # sorted: .001 .002 .003 .004 .010
@@ -91,7 +91,7 @@ def test_help_documents_the_schema(capsys):
 
 def test_the_train_config_takes_c_ref_as_a_number_or_a_cost_ref_file(tmp_path, capsys):
     from jax_routeweaver.config import load_config
-    from jax_routeweaver.rl.loop import c_ref
+    from jax_routeweaver.rl.routeweaver_run import c_ref
     from jax_routeweaver.rl.train_config import TrainConfig
     from jax_routeweaver.routing.pricing import C_REF_USD
 

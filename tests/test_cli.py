@@ -17,7 +17,8 @@ from test_checkpoint import truncate_arrays
 from tiny_models import make_hf_model
 from transformers import AutoModelForCausalLM
 
-from jax_routeweaver.cli import main, parse_mesh, parse_size
+from jax_routeweaver.cli.app import main
+from jax_routeweaver.cli.common import parse_mesh, parse_size
 from jax_routeweaver.rl.checkpoint import list_steps
 
 TOKENIZER_JSON = '{"version": "1.0", "model": {"type": "WordLevel"}}'

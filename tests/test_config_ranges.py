@@ -17,14 +17,16 @@ import pytest
 
 from jax_routeweaver import config
 from jax_routeweaver.config import ConfigError, from_dict, load_config
+from jax_routeweaver.rl.learner_config import OptimConfig
 from jax_routeweaver.rl.train_config import (
-    RewardSection,
     TrainConfig,
+    TrainRewardConfig,
     check_train_config,
     load_train_config,
 )
-from jax_routeweaver.rl.trainer import OptimConfig
 from jax_routeweaver.routing.grammar import ProtocolConfig
+from jax_routeweaver.sampling.sidecar import VllmConfig
+from jax_routeweaver.sampling.vllm_server import ServerBaseConfig, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -86,6 +88,43 @@ def test_every_numeric_field_declares_a_range_that_its_default_meets(key, field)
     values = (default.values() if isinstance(default, dict)
               else default if isinstance(default, tuple) else [default])
     assert all(v is None or isinstance(v, str) or v in valid for v in values), (key, default)
+
+
+def test_the_vllm_section_and_the_server_share_one_default_and_range_per_option(tmp_path):
+    """``rollout.vllm``'s server options are the `ServerBaseConfig` fields themselves: a default
+    or range declared a second time (the section once ran 8192 tokens, a bare server 4096)
+    fails here, and so does a `ServerConfig` check that enforces another range."""
+    options = dataclasses.fields(ServerBaseConfig)
+    section = {f.name: f for f in dataclasses.fields(VllmConfig)}
+    server_only = {f.name for f in dataclasses.fields(ServerConfig)} - {f.name for f in options}
+    assert not server_only & set(section), server_only & set(section)
+    for option in options:
+        assert section[option.name] is option or (
+            _default(section[option.name]), config.field_range(section[option.name])) == (
+            _default(option), config.field_range(option)), option.name
+    (tmp_path / "config.json").write_text("{}")
+    server = ServerConfig(model=str(tmp_path), work_dir=str(tmp_path / "w"))
+    trained = TrainConfig().rollout.vllm
+    assert {f.name: getattr(server, f.name) for f in options} == \
+        {f.name: getattr(trained, f.name) for f in options}
+    assert server.max_model_len == trained.max_model_len == 8192
+    for option in options:
+        valid = config.field_range(option)
+        if valid is None:
+            continue
+        for lo, hi, lo_open, hi_open in valid.intervals:
+            for outside in (lo - 1e-9 if lo_open else lo - 1, hi + 1e-9 if hi_open else hi + 1):
+                if abs(outside) == float("inf"):
+                    continue
+                value = int(outside) if isinstance(_default(option), int) else outside
+                assert value not in valid, (option.name, value)
+                with pytest.raises(ValueError, match=rf"{option.name}={value}\b"):
+                    ServerConfig(model=str(tmp_path), work_dir=str(tmp_path / "w"),
+                                 **{option.name: value})
+            for edge, edge_open in ((lo, lo_open), (hi, hi_open)):
+                if not edge_open and abs(edge) != float("inf"):  # a closed edge is accepted
+                    ServerConfig(model=str(tmp_path), work_dir=str(tmp_path / "w"),
+                                 **{option.name: type(_default(option))(edge)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +241,7 @@ def test_a_section_error_names_the_file_line_and_the_override_inside_it(tmp_path
 
 
 def test_check_train_config_still_takes_a_plain_source():
-    cfg = dataclasses.replace(TrainConfig(), reward=RewardSection(alpha=0.5))
+    cfg = dataclasses.replace(TrainConfig(), reward=TrainRewardConfig(alpha=0.5))
     with pytest.raises(ConfigError, match=r"^x\.yaml: reward\.alpha: alpha=0\.5 > 0 needs"):
         check_train_config(cfg, "x.yaml")
 
@@ -308,7 +347,7 @@ def test_a_yaml_error_is_one_line_naming_the_file_and_line(tmp_path, text, where
 
 
 def test_offered_workers_reach_the_episodes_and_must_be_distinct():
-    from jax_routeweaver.rl.loop import env_config
+    from jax_routeweaver.rl.routeweaver_run import env_config
     from jax_routeweaver.rl.train_config import load_train_config
 
     cfg = load_train_config(QUICKSTART, ["workers.offered=[worker_1, worker_4]"])

@@ -119,7 +119,7 @@ def test_allgather_and_to_host_single_process():
 
 
 def test_host_shares_cover_the_batch_and_merge_back_in_order():
-    from jax_routeweaver.rl.loop import host_share, merge_host_shares
+    from jax_routeweaver.rl.distributed import host_share, merge_host_shares
 
     queries, k = list("abcdefg"), 3
     for hosts in (1, 2, 3, 4):
@@ -169,8 +169,7 @@ def test_a_hosts_sampler_copy_is_resharded_on_its_own_devices(devices, tensor, s
 
     from jax_routeweaver.models.qwen3 import Qwen3
     from jax_routeweaver.models.sharding import create_sharded, make_mesh
-    from jax_routeweaver.rl.loop import replica_model
-    from jax_routeweaver.rl.replica import HostReplicas
+    from jax_routeweaver.rl.replica import HostReplicas, replica_model
 
     model = create_sharded(lambda: Qwen3(CFG, rngs=nnx.Rngs(0)), make_mesh((2, 4, 1)))
     replicas = HostReplicas(model, tensor)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from rich.console import Console
 
-from jax_routeweaver.cli import main
-from jax_routeweaver.rl.dry_run import dry_run, endpoint_checks
+from jax_routeweaver.cli.app import main
+from jax_routeweaver.planning.dry_run import dry_run, endpoint_checks
 from jax_routeweaver.rl.train_config import load_train_config
 
 # 5 queries x 8 rollouts = 40 rows: micro-batches of 8 split over the 8 test devices.
@@ -122,7 +122,7 @@ def test_dry_run_names_an_unpriced_worker_and_a_model_not_served(server, tmp_pat
 
 
 def test_inputs_the_run_reads_are_checked(tmp_path):
-    from jax_routeweaver.rl.dry_run import input_checks
+    from jax_routeweaver.planning.dry_run import input_checks
 
     cfg = load_train_config("configs/paper/main_alpha0.yaml",
                             [f"model.path={tmp_path / 'model'}",

@@ -14,29 +14,29 @@ import pytest
 from openai_stub import KEY_ENV, PROXY_VARS, SECRET, SimServer, channel_file
 from rich.console import Console
 
-from jax_routeweaver import cli
-from jax_routeweaver.cli import main
+from jax_routeweaver.cli import app, eval_cmd
+from jax_routeweaver.cli.app import main
 from jax_routeweaver.config import dump_config
 from jax_routeweaver.eval import evaluate as evaluate_module
 from jax_routeweaver.eval import report
 from jax_routeweaver.eval.baselines import BASELINE_NAMES
 from jax_routeweaver.eval.compare import (
-    BaselineOptions,
-    CompareOptions,
+    BaselineConfig,
+    CompareConfig,
     load_train_records,
     run_baselines,
 )
 from jax_routeweaver.eval.evaluate import (
     CatalogOnlyPool,
-    EvalOptions,
+    EvalConfig,
     build_eval_pool,
     evaluate,
     load_sets,
     resolve_checkpoint,
 )
 from jax_routeweaver.models.sharding import make_mesh
+from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
 from jax_routeweaver.rl.checkpoint import save_policy
-from jax_routeweaver.rl.loop import build_policy, build_pool, build_records, build_tokenizer
 from jax_routeweaver.rl.train_config import load_train_config
 from jax_routeweaver.routing.simulated import SimulatedWorkerPool
 from jax_routeweaver.routing.workers import HttpWorkerPool, MissingApiKeyError
@@ -132,7 +132,7 @@ def test_cli_eval_writes_rows_summary_tables_and_plots(whole):
 def test_resume_evaluates_only_the_rest_and_equals_the_uninterrupted_run(tiny_run, whole,
                                                                          tmp_path):
     cfg = run_cfg(tiny_run)
-    options = EvalOptions(checkpoint=str(tiny_run), sets=(SETS,), out_dir=str(tmp_path),
+    options = EvalConfig(checkpoint=str(tiny_run), sets=(SETS,), out_dir=str(tmp_path),
                           batch_size=BATCH, progress=False)
     first = evaluate(cfg, dataclasses.replace(options, limit=BATCH), console=quiet())
     assert first.evaluated == BATCH and len(first.rows) == BATCH
@@ -154,7 +154,7 @@ class NoCalls(SimulatedWorkerPool):
 @pytest.mark.slow
 def test_replay_is_offline_and_reproduces_the_dump(tiny_run, whole, tmp_path):
     cfg = run_cfg(tiny_run)
-    result = evaluate(cfg, EvalOptions(
+    result = evaluate(cfg, EvalConfig(
         checkpoint=str(tiny_run), sets=(SETS,), out_dir=str(tmp_path), replay="replay",
         cache=str(whole / "worker_cache.jsonl"), batch_size=BATCH, progress=False),
         pool=NoCalls([], seed=cfg.workers.seed), console=quiet())
@@ -165,7 +165,7 @@ def test_replay_is_offline_and_reproduces_the_dump(tiny_run, whole, tmp_path):
 @pytest.fixture(scope="module")
 def forced(tiny_run) -> Path:
     out = tiny_run.parent / "forced"
-    evaluate(run_cfg(tiny_run), EvalOptions(
+    evaluate(run_cfg(tiny_run), EvalConfig(
         checkpoint=str(tiny_run / "checkpoints" / "policy" / "1"), sets=(SETS,),
         out_dir=str(out), force_mode="agentic", limit=BATCH, batch_size=BATCH,
         progress=False), console=quiet())
@@ -199,17 +199,17 @@ def test_report_compares_runs(whole, forced, tmp_path):
 def test_setup_mismatch_and_bad_inputs_are_errors(tiny_run, whole, tmp_path, capsys):
     cfg = run_cfg(tiny_run)
     with pytest.raises(ValueError, match="force_mode: None -> 'single'.*another --out"):
-        evaluate(cfg, EvalOptions(checkpoint=str(tiny_run), sets=(SETS,), out_dir=str(whole),
+        evaluate(cfg, EvalConfig(checkpoint=str(tiny_run), sets=(SETS,), out_dir=str(whole),
                                   force_mode="single", progress=False), console=quiet())
     with pytest.raises(ValueError, match="synthetic"):
-        evaluate(cfg, EvalOptions(checkpoint=str(tiny_run), sets=("synthetic:x",),
+        evaluate(cfg, EvalConfig(checkpoint=str(tiny_run), sets=("synthetic:x",),
                                   out_dir=str(tmp_path / "a")), console=quiet())
     with pytest.raises(ValueError, match="is in both"):
-        evaluate(cfg, EvalOptions(checkpoint=str(tiny_run), sets=(SETS, SETS),
+        evaluate(cfg, EvalConfig(checkpoint=str(tiny_run), sets=(SETS, SETS),
                                   out_dir=str(tmp_path / "b")), console=quiet())
     r1 = load_train_config(R1_QUICKSTART, R1_TINY)
     with pytest.raises(ValueError, match="no modes to force"):
-        evaluate(r1, EvalOptions(checkpoint=str(tiny_run), sets=(SETS,), force_mode="multi",
+        evaluate(r1, EvalConfig(checkpoint=str(tiny_run), sets=(SETS,), force_mode="multi",
                                  out_dir=str(tmp_path / "c")), console=quiet())
     # A bare policy directory is not inside a run: the CLI needs --config then.
     assert main(["eval", "run", "--checkpoint", str(tmp_path), "--sets", SETS, "--out",
@@ -231,7 +231,7 @@ def test_resolve_checkpoint_forms(tiny_run, tiny_hf_dir):
 @pytest.mark.slow
 def test_router_r1_dialect(tiny_run, tmp_path):
     cfg = load_train_config(R1_QUICKSTART, R1_TINY)
-    result = evaluate(cfg, EvalOptions(checkpoint=str(tiny_run), sets=("synthetic:3",),
+    result = evaluate(cfg, EvalConfig(checkpoint=str(tiny_run), sets=("synthetic:3",),
                                        out_dir=str(tmp_path), batch_size=3, progress=False),
                       console=quiet())
     rows = result.rows
@@ -350,7 +350,7 @@ def test_cli_baselines_write_directories_eval_report_reads(tmp_path):
     (out / "mlp").mkdir()
     (out / "mlp" / "eval.json").write_text(json.dumps({"router": "x", "kind": "policy"}))
     with pytest.raises(ValueError, match="holds another evaluation"):
-        run_baselines(load_train_config(QUICKSTART), BaselineOptions(
+        run_baselines(load_train_config(QUICKSTART), BaselineConfig(
             sets=(SETS,), out_dir=str(out), routers=("mlp",), train_sets=("synthetic:5",)),
             console=quiet())
 
@@ -367,16 +367,16 @@ def test_train_questions_never_include_evaluation_questions():
     with pytest.raises(ValueError, match="no question outside"):
         load_train_records(["synthetic:10:1"], cfg, evaluation)
     with pytest.raises(ValueError, match="--train-sets"):
-        BaselineOptions(sets=(SETS,), out_dir="x", routers=("random", "knn"))
+        BaselineConfig(sets=(SETS,), out_dir="x", routers=("random", "knn"))
     # The comparison checks its baselines' options before it evaluates any router.
     with pytest.raises(ValueError, match="--train-sets"):
-        CompareOptions(checkpoint="c", sets=(SETS,), out_dir="x", routers=("knn",))
+        CompareConfig(checkpoint="c", sets=(SETS,), out_dir="x", routers=("knn",))
     with pytest.raises(ValueError, match="replay='offline'"):
-        CompareOptions(checkpoint="c", sets=(SETS,), out_dir="x", replay="offline")
+        CompareConfig(checkpoint="c", sets=(SETS,), out_dir="x", replay="offline")
     with pytest.raises(ValueError, match="limit=-1"):
-        EvalOptions(checkpoint="c", sets=(SETS,), out_dir="x", limit=-1)
-    assert cli.BASELINES == BASELINE_NAMES
-    assert cli.main(["eval", "baselines", "--config", str(QUICKSTART), "--sets", SETS,
+        EvalConfig(checkpoint="c", sets=(SETS,), out_dir="x", limit=-1)
+    assert eval_cmd.BASELINES == BASELINE_NAMES
+    assert app.main(["eval", "baselines", "--config", str(QUICKSTART), "--sets", SETS,
                      "--out", "x", "--routers", "random,best"]) == 2
 
 
@@ -399,7 +399,7 @@ def test_http_workers_at_temperature_0_2_record_then_replay_without_keys(
     try:
         channels = channel_file(tmp_path / "ch.yaml", sim, server.url)
         cfg = run_cfg(tiny_run, f"workers.pool={channels}")
-        options = EvalOptions(checkpoint=str(tiny_run), sets=(SETS,),
+        options = EvalConfig(checkpoint=str(tiny_run), sets=(SETS,),
                               out_dir=str(tmp_path / "rec"), batch_size=BATCH, progress=False)
         recorded = evaluate(cfg, options, console=quiet())  # two batches on one event loop
     finally:
@@ -429,7 +429,7 @@ def test_eval_bills_worker_calls_at_the_channel_files_prices(tiny_run, tmp_path,
         channels = channel_file(tmp_path / "ch.yaml", sim, server.url,
                                 prices=dict.fromkeys(sim.worker_ids(), price))
         cfg = run_cfg(tiny_run, f"workers.pool={channels}")
-        result = evaluate(cfg, EvalOptions(checkpoint=str(tiny_run), sets=(SETS,),
+        result = evaluate(cfg, EvalConfig(checkpoint=str(tiny_run), sets=(SETS,),
                                            out_dir=str(tmp_path / "out"), batch_size=BATCH,
                                            replay="off", progress=False), console=quiet())
     finally:
@@ -447,7 +447,7 @@ def test_channel_pool_is_built_at_the_eval_temperature(tmp_path, loopback, monke
     channels = ROOT / "configs" / "channels" / "reference.yaml"
     cfg = load_train_config(QUICKSTART, [f"workers.pool={channels}"])
     monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
-    options = EvalOptions(checkpoint="x", sets=(SETS,), out_dir=str(tmp_path))
+    options = EvalConfig(checkpoint="x", sets=(SETS,), out_dir=str(tmp_path))
     # check=False: these endpoints are not up here (the pool check is test_pool_check's).
     live = build_eval_pool(cfg, [], options, check=False)
     assert isinstance(live.pool, HttpWorkerPool) and live.pool._temperature == 0.2

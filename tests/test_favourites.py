@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from jax_routeweaver.cli import main
+from jax_routeweaver.cli.app import main
 from jax_routeweaver.config import dump_config
 from jax_routeweaver.eval import favourites as fav
 from jax_routeweaver.models.sharding import make_mesh
+from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
 from jax_routeweaver.rl.checkpoint import save_policy
-from jax_routeweaver.rl.loop import build_policy, build_pool, build_records, build_tokenizer
 from jax_routeweaver.rl.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]

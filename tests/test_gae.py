@@ -10,7 +10,8 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.rl import gae
 from jax_routeweaver.rl.critic import Critic, CriticConfig
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.trainer import Trainer
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=2, num_kv_heads=1, head_dim=16, param_dtype="float32",

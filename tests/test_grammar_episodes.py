@@ -7,24 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jax_routeweaver.routing.grammar import (
-    Dispatch,
     Mode,
-    Node,
-    PlannedCall,
     ProtocolConfig,
-    RoutingState,
     chat_delta,
-    declare_forced_mode,
-    episode_over,
     forced_declaration_text,
+)
+from jax_routeweaver.routing.observations import (
     frame_observation,
-    handle_action_turn,
-    handle_selector_turn,
     observation_ids,
     observation_share,
-    record_action_turn,
-    record_calls,
-    record_selector_turn,
     turn_observation_budget,
 )
 from jax_routeweaver.routing.prompts import (
@@ -32,6 +23,19 @@ from jax_routeweaver.routing.prompts import (
     mode_rulebook,
     routing_state_header,
     worker_payload,
+)
+from jax_routeweaver.routing.turns import (
+    Dispatch,
+    Node,
+    PlannedCall,
+    RoutingState,
+    declare_forced_mode,
+    episode_over,
+    handle_action_turn,
+    handle_selector_turn,
+    record_action_turn,
+    record_calls,
+    record_selector_turn,
 )
 
 WORKERS = list(REFERENCE_WORKER_DESCRIPTIONS.items())

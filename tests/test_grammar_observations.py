@@ -9,21 +9,23 @@ from jax_routeweaver.routing.grammar import (
     OBS_TRUNCATION_MARKER,
     PAPER_OBSERVATION_CAP,
     Mode,
-    Node,
-    ObservationBlock,
     ProtocolConfig,
     Role,
-    agentic_observation,
     chat_delta,
     forced_declaration_text,
-    frame_observation,
     inline_env_text,
+)
+from jax_routeweaver.routing.observations import (
+    ObservationBlock,
+    agentic_observation,
+    frame_observation,
     observation_ids,
     observation_share,
     single_multi_observation,
     truncate_block_ids,
     turn_observation_budget,
 )
+from jax_routeweaver.routing.turns import Node
 
 CFG = ProtocolConfig()
 

@@ -9,34 +9,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_routeweaver.routing.grammar import (
-    AGENTIC_VIOLATIONS,
     MODES,
     OBS_TRUNCATION_MARKER,
     ROLES,
-    SELECTOR_VIOLATIONS,
-    SINGLE_MULTI_VIOLATIONS,
     AgenticRoute,
-    AnswerAccepted,
-    Dispatch,
     Mode,
     ModeDeclared,
-    Node,
-    ObservationBlock,
     ProtocolConfig,
     Rejected,
     Role,
     RouteAction,
-    RoutingState,
-    Violation,
-    handle_agentic_turn,
-    handle_selector_turn,
-    handle_single_multi_turn,
     parse_layer,
     parse_mode_declaration,
     parse_route,
+)
+from jax_routeweaver.routing.observations import ObservationBlock, truncate_block_ids
+from jax_routeweaver.routing.turns import (
+    AnswerAccepted,
+    Dispatch,
+    Node,
+    RoutingState,
+    handle_agentic_turn,
+    handle_selector_turn,
+    handle_single_multi_turn,
     record_action_turn,
     record_calls,
-    truncate_block_ids,
+)
+from jax_routeweaver.routing.violations import (
+    AGENTIC_VIOLATIONS,
+    SELECTOR_VIOLATIONS,
+    SINGLE_MULTI_VIOLATIONS,
+    Violation,
 )
 
 OFFERED = tuple(f"worker_{k}" for k in range(1, 7))

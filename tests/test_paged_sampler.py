@@ -20,13 +20,13 @@ from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
 from jax_routeweaver.sampling.paged_cache import PageCache
-from jax_routeweaver.sampling.paged_engine import PagedOptions
+from jax_routeweaver.sampling.paged_options import PagedConfig
 
 # Vocabulary 320: room for the pruned Qwen3 tokenizer the grammar tests use (316 tokens).
 CFG = ModelConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=16, attention_block=8)
 PAGE = 8
-OPTIONS = PagedOptions(page_size=PAGE, budget_tokens=12 * PAGE, max_rows=4, steps_per_sync=4,
+OPTIONS = PagedConfig(page_size=PAGE, budget_tokens=12 * PAGE, max_rows=4, steps_per_sync=4,
                        prefill_chunk=32)
 MAX_NEW = 12
 GREEDY = SamplingParams(greedy=True, max_new_tokens=MAX_NEW)
@@ -74,7 +74,7 @@ def dense_sampler(model: Qwen3, **kw) -> JaxSampler:
     return JaxSampler(model, prompt_buckets=(32,), batch_buckets=(16,), group_cost=None, **kw)
 
 
-def paged_sampler(model: Qwen3, options: PagedOptions = OPTIONS, **kw) -> JaxSampler:
+def paged_sampler(model: Qwen3, options: PagedConfig = OPTIONS, **kw) -> JaxSampler:
     kw = {"decode": letters, **kw}
     return JaxSampler(model, kv_cache="paged", paged=options, **kw)
 
@@ -320,15 +320,15 @@ def test_a_budget_too_small_for_one_row_names_the_setting(model):
     with pytest.raises(ValueError, match="kv_cache='paging'"):
         JaxSampler(model, kv_cache="paging")
     with pytest.raises(ValueError, match="max_rows=0"):
-        PagedOptions(max_rows=0)
+        PagedConfig(max_rows=0)
     assert jax.numpy.dtype(sampler.engine._pool.k.dtype) == jnp.float32
 
 
 def test_options_from_the_train_config_section():
-    from jax_routeweaver.rl.train_config import PagedSection
+    from jax_routeweaver.rl.train_config import PagedCacheConfig
 
-    section = PagedSection(page_size=32, budget_tokens=4096, memory_fraction=0.25, max_rows=8)
-    options = PagedOptions.of(section)
+    section = PagedCacheConfig(page_size=32, budget_tokens=4096, memory_fraction=0.25, max_rows=8)
+    options = PagedConfig.of(section)
     assert (options.page_size, options.budget_tokens, options.memory_fraction,
             options.max_rows) == (32, 4096, 0.25, 8)
-    assert PagedOptions.of(None) == PagedOptions() and PagedOptions.of(options) is options
+    assert PagedConfig.of(None) == PagedConfig() and PagedConfig.of(options) is options

@@ -11,11 +11,12 @@ import pytest
 from flax import nnx
 from test_trainer import CFG, model, random_batch
 
-from jax_routeweaver.cli import main
+from jax_routeweaver.cli.app import main
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl.plan import GIB, StepShape, memory_plan
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+from jax_routeweaver.planning.memory import GIB, StepShape, memory_plan
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 
 PLAN_CFG = CFG.replace(vocab_size=512, num_layers=3)
 
@@ -41,7 +42,7 @@ def test_optimizer_moments_are_sharded_like_their_parameters(devices):
         sharded = [m for m, p in pairs if len(p.sharding.device_set) > 1
                    and p.sharding.shard_shape(p.shape) != p.shape]
         assert sharded, "some moments must really be split over the mesh"
-        trainer.update(**random_batch(n=8))
+        trainer.update(UpdateBatch(**random_batch(n=8)))
 
 
 @functools.cache
@@ -164,8 +165,8 @@ def test_the_update_compiles_once_across_steps(devices, no_compile_cache):
     mesh = make_mesh((1, 8, 1))
     trainer = Trainer(model(mesh=mesh), OptimConfig(), LossConfig(micro_batch_size=8), mesh=mesh)
     batch = random_batch(n=8)
-    trainer.update(**batch)
+    trainer.update(UpdateBatch(**batch))
     first = len(compiles)
-    trainer.update(**batch)
-    trainer.update(**batch)
+    trainer.update(UpdateBatch(**batch))
+    trainer.update(UpdateBatch(**batch))
     assert first > 0 and len(compiles) == first, (first, len(compiles))

@@ -1,5 +1,6 @@
-"""The whole-step plan (`rl/step_plan.py`): phases that add up, the rollout engine's memory
-by its formulas, the settings search, and README's table generated from the recorded JSON."""
+"""The whole-step plan (`planning/step.py`, `planning/rollout.py`, `planning/table.py`): phases
+that add up, the rollout engine's memory by its formulas, the settings search, and README's
+table generated from the recorded JSON."""
 
 import dataclasses
 import json
@@ -8,10 +9,12 @@ from pathlib import Path
 import pytest
 from test_trainer import CFG
 
-from jax_routeweaver.cli import main
+from jax_routeweaver.cli.app import main
 from jax_routeweaver.models.sharding import SAMPLE_RULES, make_mesh
-from jax_routeweaver.rl import step_plan as sp
-from jax_routeweaver.rl.plan import (
+from jax_routeweaver.planning import rollout as ro
+from jax_routeweaver.planning import step as sp
+from jax_routeweaver.planning import table as pt
+from jax_routeweaver.planning.memory import (
     GIB,
     TARGETS,
     StepShape,
@@ -20,11 +23,11 @@ from jax_routeweaver.rl.plan import (
     bytes_per_device,
     memory_plan,
 )
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = CFG.replace(vocab_size=512, num_layers=2, dtype="bfloat16")
-SHAPE = sp.RolloutShape(rows=16, prompt=64, max_new_tokens=192, row_tokens=256,
+SHAPE = ro.RolloutShape(rows=16, prompt=64, max_new_tokens=192, row_tokens=256,
                         max_model_len=256)
 EIGHT = Target("8 CPU devices", 8, 1.0, (1, 4, 2))
 
@@ -38,17 +41,17 @@ def train(devices) -> sp.TrainFigures:
     return sp.TrainFigures.of(plan)
 
 
-def step(train: sp.TrainFigures, settings: sp.RolloutSettings, shape=SHAPE, target=EIGHT):
+def step(train: sp.TrainFigures, settings: ro.RolloutSettings, shape=SHAPE, target=EIGHT):
     return sp.step_plan(target, train, settings, TINY, shape, "float32")
 
 
 def test_the_phases_add_up(train):
     """update = update program + reference + what the engine keeps; reference pass = its
     program + policy + optimizer + kept; rollout = the whole train state + the engine."""
-    for settings in (sp.RolloutSettings("dense"),
-                     sp.RolloutSettings("paged", budget_tokens=1024, max_rows=8),
-                     sp.RolloutSettings("vllm", share=0.5),
-                     sp.RolloutSettings("vllm", share=0.5, sleep_level=2)):
+    for settings in (ro.RolloutSettings("dense"),
+                     ro.RolloutSettings("paged", budget_tokens=1024, max_rows=8),
+                     ro.RolloutSettings("vllm", share=0.5),
+                     ro.RolloutSettings("vllm", share=0.5, sleep_level=2)):
         plan = step(train, settings)
         r, p = plan.rollout, plan.phases
         assert p["update"] == train.update + train.reference + r.kept, settings
@@ -65,23 +68,23 @@ def test_the_jax_replica_is_the_sample_layout(train, devices):
     tensor), priced without devices the same as the real sharding gives."""
     mesh = make_mesh((1, 4, 2), devices)
     _, params = abstract_policy(TINY.replace(param_dtype="float32"), mesh, SAMPLE_RULES)
-    plan = step(train, sp.RolloutSettings("dense"))
+    plan = step(train, ro.RolloutSettings("dense"))
     assert plan.rollout.weights == bytes_per_device(params)
-    assert plan.rollout.weights == sp.sharded_param_bytes(TINY, "float32", SAMPLE_RULES,
+    assert plan.rollout.weights == ro.sharded_param_bytes(TINY, "float32", SAMPLE_RULES,
                                                           {"fsdp": 4, "tensor": 2})
-    whole = sp.sharded_param_bytes(TINY, "float32", SAMPLE_RULES, {})
+    whole = ro.sharded_param_bytes(TINY, "float32", SAMPLE_RULES, {})
     assert whole / 2 < plan.rollout.weights < whole  # split over tensor, not over fsdp
     with pytest.raises(ValueError, match="does not split over mesh axes"):
-        sp.sharded_param_bytes(TINY, "float32", SAMPLE_RULES, {"tensor": 3})
+        ro.sharded_param_bytes(TINY, "float32", SAMPLE_RULES, {"tensor": 3})
 
 
 def test_dense_kv_grows_by_the_formula(train):
     """rows x (prompt + max_new_tokens) x 2 x L x K x H x bytes, rows over the batch shards,
     KV heads over tensor."""
     per_token = 2 * TINY.num_layers * TINY.num_kv_heads * TINY.head_dim * 2  # bf16
-    assert sp.kv_bytes_per_token(TINY, "bfloat16") == per_token
-    short = step(train, sp.RolloutSettings("dense"))
-    longer = step(train, sp.RolloutSettings("dense"),
+    assert ro.kv_bytes_per_token(TINY, "bfloat16") == per_token
+    short = step(train, ro.RolloutSettings("dense"))
+    longer = step(train, ro.RolloutSettings("dense"),
                   dataclasses.replace(SHAPE, max_new_tokens=SHAPE.max_new_tokens + 256))
     rows_per_device, tensor = SHAPE.rows // 4, 2
     assert short.rollout.kv == rows_per_device * 256 * per_token // tensor
@@ -92,9 +95,9 @@ def test_dense_kv_grows_by_the_formula(train):
 def test_paged_pool_grows_by_the_formula_and_is_kept(train):
     """budget x 2 x L x K x H x bytes, heads over tensor (2), replicated over the batch axes
     as `sampling.paged_engine` lays it out; with the slots' logits, kept through the update."""
-    per_token = sp.kv_bytes_per_token(TINY, "bfloat16")
+    per_token = ro.kv_bytes_per_token(TINY, "bfloat16")
     logits = 8 * TINY.vocab_size * 4
-    small, big = (step(train, sp.RolloutSettings("paged", budget_tokens=b, max_rows=8))
+    small, big = (step(train, ro.RolloutSettings("paged", budget_tokens=b, max_rows=8))
                   for b in (4096, 8192))
     assert small.rollout.kv == 4096 * per_token // 2 + logits
     assert big.rollout.kv - small.rollout.kv == 4096 * per_token // 2
@@ -102,14 +105,14 @@ def test_paged_pool_grows_by_the_formula_and_is_kept(train):
     assert small.rollout.kept == small.rollout.weights + small.rollout.kv
     assert small.rollout.full_rows == 8 and small.rollout.kv_tokens == 4096
     # A pool smaller than one full row never finishes a long row: no fit.
-    tiny = step(train, sp.RolloutSettings("paged", budget_tokens=128, max_rows=8))
+    tiny = step(train, ro.RolloutSettings("paged", budget_tokens=128, max_rows=8))
     assert not tiny.rollout.holds_a_row and not tiny.fits
     # More decode slots: more temporaries (every device decodes every slot).
-    wide = step(train, sp.RolloutSettings("paged", budget_tokens=4096, max_rows=4096))
+    wide = step(train, ro.RolloutSettings("paged", budget_tokens=4096, max_rows=4096))
     assert wide.rollout.temporaries > small.rollout.temporaries
     # budget 0: memory_fraction of what one device has free when the sampler starts (the
     # policy and the replica allocated), at most max_rows rows of max_position_embeddings.
-    frac = step(train, sp.RolloutSettings("paged", memory_fraction=0.25, max_rows=8))
+    frac = step(train, ro.RolloutSettings("paged", memory_fraction=0.25, max_rows=8))
     free = GIB - train.params - frac.rollout.weights
     assert frac.rollout.kv_tokens == min(int(0.25 * free) // (per_token // 2),
                                          8 * TINY.max_position_embeddings) // 16 * 16
@@ -118,41 +121,41 @@ def test_paged_pool_grows_by_the_formula_and_is_kept(train):
 def test_paged_temporaries_follow_the_engines_shapes():
     """The page table's width is a power of two of pages; a decode step's gathered keys and
     values grow with the slots, a prefill call's scores with the row's width."""
-    assert sp.paged_width(22528, 16) == 2048 * 16 and sp.paged_width(20, 16) == 4 * 16
-    narrow = sp.paged_temporaries(TINY, 64, 256, 16, 1)
-    assert sp.paged_temporaries(TINY, 64, 1024, 16, 1) > narrow
-    assert sp.paged_temporaries(TINY, 64, 256, 16, 2) < narrow
+    assert ro.paged_width(22528, 16) == 2048 * 16 and ro.paged_width(20, 16) == 4 * 16
+    narrow = ro.paged_temporaries(TINY, 64, 256, 16, 1)
+    assert ro.paged_temporaries(TINY, 64, 1024, 16, 1) > narrow
+    assert ro.paged_temporaries(TINY, 64, 256, 16, 2) < narrow
 
 
 def test_vllm_share_and_sleep(train):
     big = Target("8 big GPUs", 8, 64.0, (1, 4, 2))
-    awake = step(train, sp.RolloutSettings("vllm", share=0.5), target=big)
-    asleep = step(train, sp.RolloutSettings("vllm", share=0.5, sleep_level=2), target=big)
+    awake = step(train, ro.RolloutSettings("vllm", share=0.5), target=big)
+    asleep = step(train, ro.RolloutSettings("vllm", share=0.5, sleep_level=2), target=big)
     assert awake.rollout.resident == awake.rollout.kept == 32 * GIB
-    assert asleep.rollout.kept == int(sp.VLLM_SLEEP_RESIDUE_GIB * GIB)
+    assert asleep.rollout.kept == int(ro.VLLM_SLEEP_RESIDUE_GIB * GIB)
     assert asleep.phases["rollout"] == awake.phases["rollout"]
     assert asleep.phases["update"] == awake.phases["update"] - 32 * GIB + asleep.rollout.kept
     # Its KV cache: the share less the bf16 weights (split over tensor parallel) and the
     # overhead; vLLM needs one max_model_len row of it.
-    weights = sp.sharded_param_bytes(TINY, "bfloat16", SAMPLE_RULES, {})
-    assert awake.rollout.kv == 32 * GIB - weights - int(sp.VLLM_OVERHEAD_GIB * GIB)
-    per_token = sp.kv_bytes_per_token(TINY, "bfloat16")
+    weights = ro.sharded_param_bytes(TINY, "bfloat16", SAMPLE_RULES, {})
+    assert awake.rollout.kv == 32 * GIB - weights - int(ro.VLLM_OVERHEAD_GIB * GIB)
+    per_token = ro.kv_bytes_per_token(TINY, "bfloat16")
     assert awake.rollout.kv_tokens == awake.rollout.kv // per_token and awake.fits
-    tp2 = step(train, sp.RolloutSettings("vllm", share=0.5, tensor=2), target=big)
+    tp2 = step(train, ro.RolloutSettings("vllm", share=0.5, tensor=2), target=big)
     assert tp2.rollout.kv_tokens > awake.rollout.kv_tokens
     # On a 1 GiB device the overhead leaves no KV cache: no fit, however little it needs.
-    small = step(train, sp.RolloutSettings("vllm", share=0.5, sleep_level=2))
+    small = step(train, ro.RolloutSettings("vllm", share=0.5, sleep_level=2))
     assert small.rollout.kv == 0 and not small.fits
     assert small.rollout.kept <= small.rollout.resident == GIB // 2
 
 
 def test_vllm_flags_from_extra_args():
-    assert sp.vllm_flag(["--gpu-memory-utilization", "0.30"], "--gpu-memory-utilization") == "0.30"
-    assert sp.vllm_flag(["--gpu-memory-utilization=0.4"], "--gpu-memory-utilization") == "0.4"
-    assert sp.vllm_flag(["--tensor-parallel-size 2 --seed 1"], "--tensor-parallel-size") == "2"
-    assert sp.vllm_flag([], "--gpu-memory-utilization") is None
+    assert ro.vllm_flag(["--gpu-memory-utilization", "0.30"], "--gpu-memory-utilization") == "0.30"
+    assert ro.vllm_flag(["--gpu-memory-utilization=0.4"], "--gpu-memory-utilization") == "0.4"
+    assert ro.vllm_flag(["--tensor-parallel-size 2 --seed 1"], "--tensor-parallel-size") == "2"
+    assert ro.vllm_flag([], "--gpu-memory-utilization") is None
     with pytest.raises(ValueError, match="--gpu-memory-utilization has no value"):
-        sp.vllm_flag(["--gpu-memory-utilization", "--seed", "1"], "--gpu-memory-utilization")
+        ro.vllm_flag(["--gpu-memory-utilization", "--seed", "1"], "--gpu-memory-utilization")
 
 
 def figures(update_gib: float, mesh=(1, 4, 2), groups=1) -> sp.TrainFigures:
@@ -166,7 +169,7 @@ def test_search_keeps_the_first_trainer_that_fits_with_the_most_rows():
     pool that holds the most full rows, and the vLLM share with the most KV."""
     big = Target("1 GiB x 8", 8, 1.0, (1, 4, 2), kind="gpu")
     plans = sp.search(big, [figures(0.95), figures(0.3, groups=2)], TINY, SHAPE, "float32",
-                      sp.RolloutSettings("paged"))
+                      ro.RolloutSettings("paged"))
     by_engine = {p.settings.engine: p for p in plans}
     assert set(by_engine) == {"dense", "paged", "vllm"}
     paged = by_engine["paged"]
@@ -177,7 +180,7 @@ def test_search_keeps_the_first_trainer_that_fits_with_the_most_rows():
     assert not vllm.fits  # weights + overhead leave no KV in a 1 GiB share
     tpu = Target("TPU", 8, 1.0, (1, 4, 2), kind="tpu")
     assert [p.settings.engine for p in sp.search(tpu, [figures(0.3)], TINY, SHAPE,
-                                                 "float32", sp.RolloutSettings("dense"))] \
+                                                 "float32", ro.RolloutSettings("dense"))] \
         == ["dense", "paged"]
 
 
@@ -185,9 +188,9 @@ def test_targets_and_their_checks():
     assert {"v5e-16", "v5p-8", "a100-80gb-x8", "h200", "h200-x2"} <= set(TARGETS)
     assert TARGETS["v5e-16"].hosts == 4 and TARGETS["v5e-16"].local_devices == 4
     # On several hosts the sampler runs on each host's devices (rl.loop.local_mesh).
-    assert sp.SamplerMesh.of(TARGETS["v5e-16"], (1, 4, 4)) == sp.SamplerMesh(1, 4)
-    assert sp.SamplerMesh.of(TARGETS["v5e-16"], (1, 2, 8)) == sp.SamplerMesh(4, 1)
-    assert sp.SamplerMesh.of(TARGETS["v5p-8"], (1, 4, 1)) == sp.SamplerMesh(4, 1)
+    assert ro.SamplerMesh.of(TARGETS["v5e-16"], (1, 4, 4)) == ro.SamplerMesh(1, 4)
+    assert ro.SamplerMesh.of(TARGETS["v5e-16"], (1, 2, 8)) == ro.SamplerMesh(4, 1)
+    assert ro.SamplerMesh.of(TARGETS["v5p-8"], (1, 4, 1)) == ro.SamplerMesh(4, 1)
     with pytest.raises(ValueError, match="mesh .* does not use its 8 devices"):
         Target("x", 8, 1.0, (1, 4, 1))
     with pytest.raises(ValueError, match="hosts=3 must divide devices=8"):
@@ -201,12 +204,12 @@ def test_readme_table_is_the_recorded_json():
     recorded figures (regenerate both with that script, never edit the table by hand)."""
     record = json.loads((ROOT / "bench" / "plan_targets.json").read_text())
     readme = (ROOT / "README.md").read_text()
-    assert sp.read_block(readme) == sp.record_table(record)
+    assert pt.read_block(readme) == pt.record_table(record)
     assert set(record["targets"]) == set(TARGETS)
     with pytest.raises(ValueError, match="plan-table:begin"):
-        sp.replace_block("no markers here", "| table |\n")
-    text = f"a\n{sp.BLOCK_BEGIN}\nold\n{sp.BLOCK_END}\nb\n"
-    assert sp.replace_block(text, "new\n") == f"a\n{sp.BLOCK_BEGIN}\nnew\n{sp.BLOCK_END}\nb\n"
+        pt.replace_block("no markers here", "| table |\n")
+    text = f"a\n{pt.BLOCK_BEGIN}\nold\n{pt.BLOCK_END}\nb\n"
+    assert pt.replace_block(text, "new\n") == f"a\n{pt.BLOCK_BEGIN}\nnew\n{pt.BLOCK_END}\nb\n"
 
 
 def test_the_tpu_arm_fits_by_the_recorded_plan():
@@ -227,9 +230,9 @@ def test_the_tpu_arm_fits_by_the_recorded_plan():
                if tuple(d["mesh"]) == mesh and d["remat_groups"] == cfg.model.remat_groups]
     assert cfg.algo.loss.micro_batch_size == mesh[0] * mesh[1]
     arch = ModelConfig.from_hf(ROOT / "configs" / "paper" / "qwen3-4b-instruct-2507.json")
-    plan = sp.step_plan(TARGETS["v5p-8"], train, sp.RolloutSettings.of_config(cfg),
-                        arch.replace(dtype=cfg.model.dtype), sp.RolloutShape.of_config(cfg),
-                        sp.replica_dtype(cfg))
+    plan = sp.step_plan(TARGETS["v5p-8"], train, ro.RolloutSettings.of_config(cfg),
+                        arch.replace(dtype=cfg.model.dtype), ro.RolloutShape.of_config(cfg),
+                        ro.replica_dtype(cfg))
     assert plan.fits and plan.rollout.full_rows == 44, plan.as_dict()
 
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from openai_stub import KEY_ENV, PROXY_VARS, SECRET, SimServer, channel_file
 
-from jax_routeweaver.cli import main
-from jax_routeweaver.rl.loop import build_pool
+from jax_routeweaver.cli.app import main
+from jax_routeweaver.rl.builders import build_pool
 from jax_routeweaver.rl.pool_check import (
     PoolCheckError,
     check_run_pool,

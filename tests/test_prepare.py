@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jax_routeweaver.cli import main
+from jax_routeweaver.cli.app import main
+from jax_routeweaver.data.benchmarks import SOURCES, bbh_task, last_boxed
 from jax_routeweaver.data.dataset_files import read_rows
 from jax_routeweaver.data.pipeline import DEFAULT_QUOTAS, PipelineConfig, QueryPipeline
 from jax_routeweaver.data.prepare import (
@@ -33,15 +34,9 @@ from jax_routeweaver.data.prepare import (
     build_training_file,
     prepare,
 )
-from jax_routeweaver.data.records import Domain, RecordError, read_records, write_parquet
-from jax_routeweaver.data.sources import (
-    SOURCES,
-    SourceStats,
-    bbh_task,
-    draw_key,
-    last_boxed,
-    load_source,
-)
+from jax_routeweaver.data.record_files import read_records, write_parquet
+from jax_routeweaver.data.records import Domain, RecordError
+from jax_routeweaver.data.sources import SourceStats, draw_key, load_source
 from jax_routeweaver.rewards.scorers.registry import score
 
 FIX = Path(__file__).parent / "fixtures" / "datasets"

@@ -11,13 +11,13 @@ import pytest
 
 from jax_routeweaver.sampling import probe_check
 from jax_routeweaver.sampling.probe_check import Probe, calibrate, tolerance, verdict
-from jax_routeweaver.sampling.vllm_sidecar import (
+from jax_routeweaver.sampling.vllm_server import (
     ServerConfig,
     SidecarError,
     VllmServer,
-    VllmSidecarSampler,
     vllm_is_cpu_build,
 )
+from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
 
 T = 400
 RNG = np.random.default_rng(0)

@@ -9,17 +9,7 @@ import pytest
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.routing.calls import WorkerCall
-from jax_routeweaver.routing.grammar import (
-    MODES,
-    Mode,
-    Node,
-    PlannedCall,
-    ProtocolConfig,
-    Role,
-    RoutingState,
-    Violation,
-    chat_delta,
-)
+from jax_routeweaver.routing.grammar import MODES, Mode, ProtocolConfig, Role, chat_delta
 from jax_routeweaver.routing.prompts import (
     OUTPUT_CONSTRAINT,
     REFERENCE_WORKER_DESCRIPTIONS,
@@ -45,6 +35,8 @@ from jax_routeweaver.routing.prompts import (
     violation_cue,
     worker_payload,
 )
+from jax_routeweaver.routing.turns import Node, PlannedCall, RoutingState
+from jax_routeweaver.routing.violations import Violation
 
 WORKERS = list(REFERENCE_WORKER_DESCRIPTIONS.items())
 # Backend names, providers, prices and tier words the router must never see.

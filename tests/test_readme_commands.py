@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_routeweaver.cli import build_parser
+from jax_routeweaver.cli.app import build_parser
 from jax_routeweaver.rl.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,17 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_routeweaver.data.records import (
-    Domain,
+from jax_routeweaver.data.record_files import (
     ReadStats,
-    Record,
-    RecordError,
     read_jsonl,
     read_parquet,
     read_records,
     write_jsonl,
     write_parquet,
 )
+from jax_routeweaver.data.records import Domain, Record, RecordError
 from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 
 

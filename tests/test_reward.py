@@ -227,11 +227,11 @@ def test_recovery_branch(t, r_task):
 @pytest.mark.parametrize("recovery", [False, True])
 def test_the_run_rewards_with_its_protocols_recovery_branch(recovery):
     """Training, `eval run` and `eval favourites` take their RewardConfig from
-    `rl.loop.reward_config`: a recovery-mode run scores a violation that recovered and
+    `rl.routeweaver_run.reward_config`: a recovery-mode run scores a violation that recovered and
     answered wrongly 0, not the no-recovery -1."""
     from pathlib import Path
 
-    from jax_routeweaver.rl.loop import reward_config
+    from jax_routeweaver.rl.routeweaver_run import reward_config
     from jax_routeweaver.rl.train_config import load_train_config
 
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"

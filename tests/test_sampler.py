@@ -22,14 +22,14 @@ from jax_routeweaver.sampling.base import (
     apply_stop_strings,
     find_stop_string,
 )
-from jax_routeweaver.sampling.jax_sampler import (
-    JaxSampler,
+from jax_routeweaver.sampling.dense_buckets import (
     left_pad,
     length_groups,
     new_token_bucket,
     pick_bucket,
-    sample_logits,
 )
+from jax_routeweaver.sampling.jax_sampler import JaxSampler
+from jax_routeweaver.sampling.sample_ops import sample_logits
 
 PROMPTS = [[5, 9, 100, 42, 17], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
 MAX_NEW = 12

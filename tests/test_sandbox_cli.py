@@ -3,14 +3,14 @@ one line with exit code 2 where the isolation asked for is not available."""
 
 import pytest
 
-from jax_routeweaver import cli
+from jax_routeweaver.cli import app, sandbox_cmd
 from jax_routeweaver.rewards.sandbox import check, jail
 
 pytestmark = pytest.mark.integration
 
 
 def test_sandbox_check_reports_every_guarantee(capsys):
-    assert cli.main(["sandbox", "check"]) == 0
+    assert app.main(["sandbox", "check"]) == 0
     out = capsys.readouterr().out
     assert "full        available" in out and "sandbox isolation: full" in out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] and
@@ -21,7 +21,7 @@ def test_sandbox_check_reports_every_guarantee(capsys):
 
 def test_sandbox_check_without_bubblewrap_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.setattr(jail, "find_bwrap", lambda: None)
-    assert cli.main(["sandbox", "check"]) == 2
+    assert app.main(["sandbox", "check"]) == 2
     captured = capsys.readouterr()
     assert "full        sandbox: isolation 'full' is not available" in captured.out
     errors = captured.err.strip().splitlines()
@@ -31,9 +31,9 @@ def test_sandbox_check_without_bubblewrap_is_one_line_and_exit_2(capsys, monkeyp
 
 
 def test_selfcheck_row(monkeypatch):
-    line, ok = cli._sandbox_row()
+    line, ok = sandbox_cmd.sandbox_row()
     assert ok and line.startswith("isolation full: 8/8 promised guarantees hold")
     monkeypatch.setenv("ROUTEWEAVER_SANDBOX", "namespaces")
     monkeypatch.setattr(jail, "find_bwrap", lambda: None)
-    line, ok = cli._sandbox_row()
+    line, ok = sandbox_cmd.sandbox_row()
     assert not ok and "'namespaces' is not available" in line

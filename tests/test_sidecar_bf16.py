@@ -23,16 +23,17 @@ from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
-from jax_routeweaver.rl.sidecar import PROBE_TEXT
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 from jax_routeweaver.sampling.probe_check import Probe, calibrate, tolerance
-from jax_routeweaver.sampling.vllm_sidecar import (
+from jax_routeweaver.sampling.sidecar import PROBE_TEXT
+from jax_routeweaver.sampling.vllm_server import (
     ServerConfig,
     SidecarError,
     VllmServer,
-    VllmSidecarSampler,
     vllm_is_cpu_build,
 )
+from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -94,12 +95,13 @@ def _step(trainer: Trainer, seed: int) -> Qwen3:
     n, length = 4, 32
     response = np.zeros((n, length), np.float32)
     response[:, 8:] = 1.0
-    trainer.update(tokens=rng.integers(0, 5000, (n, length)).astype(np.int32),
-                   positions=np.tile(np.arange(length, dtype=np.int32), (n, 1)),
-                   attention_mask=np.ones((n, length), bool), response_mask=response,
-                   mode_mask=np.zeros((n, length), np.float32),
-                   advantages=rng.normal(size=(n, length)).astype(np.float32) * response,
-                   clean=np.ones(n, bool))
+    trainer.update(UpdateBatch(
+        tokens=rng.integers(0, 5000, (n, length)).astype(np.int32),
+        positions=np.tile(np.arange(length, dtype=np.int32), (n, 1)),
+        attention_mask=np.ones((n, length), bool), response_mask=response,
+        mode_mask=np.zeros((n, length), np.float32),
+        advantages=rng.normal(size=(n, length)).astype(np.float32) * response,
+        clean=np.ones(n, bool)))
     return trainer.model()
 
 

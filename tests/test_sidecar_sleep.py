@@ -14,12 +14,8 @@ import pytest
 
 from jax_routeweaver.rl.train_config import load_train_config
 from jax_routeweaver.sampling.base import SamplingParams
-from jax_routeweaver.sampling.vllm_sidecar import (
-    ServerConfig,
-    SidecarError,
-    VllmServer,
-    VllmSidecarSampler,
-)
+from jax_routeweaver.sampling.vllm_server import ServerConfig, SidecarError, VllmServer
+from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
 
 CHECKSUMS = {"embed": [1.0, 2.0]}
 

@@ -19,14 +19,13 @@ import types
 import pytest
 
 from jax_routeweaver.data.records import Domain, Record
-from jax_routeweaver.routing import simulated
+from jax_routeweaver.routing import simulated_profiles
 from jax_routeweaver.routing.calls import Usage, WorkerCall, WorkerPool
-from jax_routeweaver.routing.simulated import (
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool, estimate_tokens
+from jax_routeweaver.routing.simulated_profiles import (
     DEFAULT_DYNAMICS,
     DEFAULT_PROFILES,
-    SimulatedWorkerPool,
     WorkerProfile,
-    estimate_tokens,
 )
 from jax_routeweaver.routing.synthetic_tasks import LEVELS, SIM_SCORERS, synthetic_tasks
 
@@ -422,7 +421,7 @@ def test_recognises_the_payloads_of_routing_prompts(pool, tasks):
 
 def test_module_doc_tables_match_the_defaults():
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
-            for line in simulated.__doc__.splitlines() if line.startswith("| ")}
+            for line in simulated_profiles.__doc__.splitlines() if line.startswith("| ")}
     triple = lambda cell: tuple(float(x) for x in cell.split("/"))
     for worker, profile in DEFAULT_PROFILES.items():
         cells = rows[worker]

@@ -13,8 +13,8 @@ from rich.console import Console
 
 from jax_routeweaver.config import ConfigError
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl import loop, stand_in
-from jax_routeweaver.rl.train_config import StandInSection, load_train_config
+from jax_routeweaver.rl import builders, routeweaver_run, stand_in
+from jax_routeweaver.rl.train_config import StandInConfig, load_train_config
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
@@ -34,15 +34,15 @@ def config(tmp_path: Path, *extra: str):
 def run_parts(tmp_path_factory):
     """The quickstart's questions (60), pool and pruned tokenizer."""
     cfg = config(tmp_path_factory.mktemp("parts"))
-    records = loop.build_records(cfg, QUIET)
-    tokenizer = loop.build_tokenizer(cfg, records, loop.build_pool(cfg, records))
+    records = builders.build_records(cfg, QUIET)
+    tokenizer = builders.build_tokenizer(cfg, records, builders.build_pool(cfg, records))
     return records, tokenizer
 
 
 def random_router(cfg, tokenizer):
-    return loop.build_policy(dataclasses.replace(
+    return builders.build_policy(dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, init="random",
-                                       stand_in=StandInSection())), make_mesh((1, -1, 1)),
+                                       stand_in=StandInConfig())), make_mesh((1, -1, 1)),
         tokenizer)
 
 
@@ -87,8 +87,9 @@ def test_targets_are_unit_directions_with_the_configured_shared_part():
 
 
 def _contexts(cfg, tokenizer, records):
-    pool = loop.build_pool(cfg, list(records))
-    make_env = routeweaver_envs(tokenizer, pool, loop.env_config(cfg, tokenizer.eos_token_id))
+    pool = builders.build_pool(cfg, list(records))
+    config = routeweaver_run.env_config(cfg, tokenizer.eos_token_id)
+    make_env = routeweaver_envs(tokenizer, pool, config)
     return stand_in.env_worker_contexts(make_env, tokenizer, len(pool.worker_ids()))
 
 
@@ -178,7 +179,7 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     records, tokenizer = run_parts
     cfg = config(tmp_path)
     lines: list[str] = []
-    model = loop.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records,
+    model = builders.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records,
                               log=lines.append)
     [path] = [p for p in (tmp_path / "cache").iterdir() if p.name != "embeddings"]
     report = stand_in.read_report(path)
@@ -195,13 +196,13 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     assert report["loss_last"]["loss"] < report["loss_first"]["loss"]
     assert not list((tmp_path / "cache").glob(".building-*"))
     # The run's policy is the cached model's weights.
-    cached = stand_in.diagnostics(loop.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer,
+    cached = stand_in.diagnostics(builders.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer,
                                                     records), _inputs(cfg, records, tokenizer))
     again = stand_in.diagnostics(model, _inputs(cfg, records, tokenizer))
     assert cached == again
     # Reused: a second build trains nothing.
     monkeypatch.setattr(stand_in, "distil", lambda *a, **k: pytest.fail("retrained"))
-    loop.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records, log=lines.append)
+    builders.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records, log=lines.append)
     assert any("reusing" in line for line in lines)
     # Any field that changes the result changes the key (the cache directory is not one).
     key = lambda c: stand_in.cache_key(model.config, tokenizer, records, c.model.stand_in,
@@ -241,7 +242,7 @@ def test_bad_stand_in_settings_name_the_field(overrides, key):
 
 
 def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
-    from jax_routeweaver.cli import main
+    from jax_routeweaver.cli.app import main
 
     argv = ["warm-start", "--config", str(QUICKSTART), "model.init=stand-in",
             f"model.stand_in.cache_dir={tmp_path}", "data.synthetic_queries=60",

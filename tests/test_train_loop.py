@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jax_routeweaver.cli import main
+from jax_routeweaver.cli.app import main
 from jax_routeweaver.rl.provenance import config_sha256
 from jax_routeweaver.rl.run_log import read_metrics
 from jax_routeweaver.rl.train_config import load_train_config
@@ -162,7 +162,7 @@ def test_http_workers_serve_every_step(tmp_path, monkeypatch, compile_cache):
     from openai_stub import KEY_ENV, PROXY_VARS, SECRET, SimServer, channel_file
     from rich.console import Console
 
-    from jax_routeweaver.rl.loop import build_records
+    from jax_routeweaver.rl.builders import build_records
     from jax_routeweaver.rl.train_config import load_train_config
     from jax_routeweaver.routing.simulated import SimulatedWorkerPool
 

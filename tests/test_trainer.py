@@ -12,7 +12,9 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
 from jax_routeweaver.models.sharding import create_sharded, make_mesh
 from jax_routeweaver.rl import losses
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer, support_batch
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.support import support_batch
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
 
@@ -64,8 +66,8 @@ def test_one_micro_batch_equals_eight(reduction):
     batch = random_batch()
     one = Trainer(model(), OptimConfig(), LossConfig(reduction=reduction, micro_batch_size=0))
     eight = Trainer(model(), OptimConfig(), LossConfig(reduction=reduction, micro_batch_size=1))
-    g1, m1 = one.gradients(**batch)
-    g8, m8 = eight.gradients(**batch)
+    g1, m1 = one.gradients(UpdateBatch(**batch))
+    g8, m8 = eight.gradients(UpdateBatch(**batch))
     assert_grads_close(g1, g8)
     np.testing.assert_allclose(float(m1["loss/total"]), float(m8["loss/total"]), rtol=1e-5)
 
@@ -76,8 +78,8 @@ def test_ppo_diagnostics_do_not_depend_on_micro_batching():
     batch = random_batch()
     old = np.asarray(batch["response_mask"]) * np.random.default_rng(3).normal(
         0.0, 0.5, batch["response_mask"].shape).astype(np.float32)
-    out = [Trainer(model(), OptimConfig(), LossConfig(micro_batch_size=mb)).update(
-        **batch, old_logp=old) for mb in (0, 1)]
+    out = [Trainer(model(), OptimConfig(), LossConfig(micro_batch_size=mb)).update(UpdateBatch(
+                    **batch, old_logp=old)) for mb in (0, 1)]
     assert out[0]["ppo/pg_clipfrac"] > 0.05
     for key in ("ppo/pg_clipfrac", "ppo/pg_clipfrac_lower", "ppo/ppo_kl", "loss/total"):
         np.testing.assert_allclose(out[0][key], out[1][key], rtol=1e-4, atol=1e-7)
@@ -90,8 +92,8 @@ def test_micro_batching_on_the_8_device_mesh(devices):
     sharded = Trainer(model(mesh=mesh), OptimConfig(), LossConfig(micro_batch_size=8),
                       mesh=mesh)
     assert sharded.row_multiple() == 8
-    g_ref, _ = ref.gradients(**batch)
-    g_mesh, _ = sharded.gradients(**batch)
+    g_ref, _ = ref.gradients(UpdateBatch(**batch))
+    g_mesh, _ = sharded.gradients(UpdateBatch(**batch))
     assert_grads_close(g_ref, g_mesh)
     leaf = jax.tree.leaves(sharded.state.params)[0]
     assert len(leaf.sharding.device_set) > 1  # really sharded
@@ -126,7 +128,7 @@ def test_gradient_matches_direct_autodiff_of_the_loss():
                 + 0.01 * (kl * resp).sum() / n_all)
 
     want = jax.grad(objective)(params)
-    got, _ = trainer.gradients(**batch)
+    got, _ = trainer.gradients(UpdateBatch(**batch))
     assert_grads_close(want, got, rtol=1e-5)
 
 
@@ -253,7 +255,7 @@ def test_update_raises_logprob_of_advantaged_tokens_and_keeps_caller_arrays():
     lp0 = trainer.logprobs(trainer.state.params, batch["tokens"], batch["positions"],
                            batch["attention_mask"])
     for _ in range(3):
-        metrics = trainer.update(**batch)
+        metrics = trainer.update(UpdateBatch(**batch))
     lp1 = trainer.logprobs(trainer.state.params, batch["tokens"], batch["positions"],
                            batch["attention_mask"])
     m = (batch["response_mask"] > 0) & batch["clean"][:, None]
@@ -285,8 +287,9 @@ def test_sampler_logprobs_match_the_trainer():
         response[i, len(p):len(ids)] = 1
         sampler_lp[i, len(p):len(ids)] = c.logprobs
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (2, length)).copy()
-    metrics = trainer.update(tokens, positions, attention, response, np.zeros_like(response),
-                             np.zeros_like(response), np.ones(2, bool), sampler_logp=sampler_lp)
+    metrics = trainer.update(UpdateBatch(
+        tokens, positions, attention, response, np.zeros_like(response),
+        np.zeros_like(response), np.ones(2, bool), sampler_logp=sampler_lp))
     assert metrics["logprob/sampler_gap_max"] < 1e-4
     assert np.isfinite(metrics["loss/total"])
 
@@ -296,8 +299,8 @@ def test_gathered_positions_give_the_same_gradient():
     same objective as the full [N, L] layout."""
     batch = random_batch(seed=5)
     trainer = Trainer(model(), OptimConfig(), LossConfig(micro_batch_size=4, kl_coef=0.01))
-    full, m_full = trainer.gradients(**batch)
-    at_policy, m_g = trainer.gradients(**gathered(batch))
+    full, m_full = trainer.gradients(UpdateBatch(**batch))
+    at_policy, m_g = trainer.gradients(UpdateBatch(**gathered(batch)))
     assert_grads_close(full, at_policy, rtol=1e-5)
     np.testing.assert_allclose(float(m_full["loss/total"]), float(m_g["loss/total"]),
                                rtol=1e-5)
@@ -310,7 +313,7 @@ def test_ppo_mini_batches_are_sequential_steps_against_the_pre_update_policy():
     optim = OptimConfig(lr=1e-2)
     split = Trainer(model(), optim, LossConfig(ppo_mini_batches=2, micro_batch_size=2))
     assert split.row_multiple() == 4
-    metrics = split.update(**batch)
+    metrics = split.update(UpdateBatch(**batch))
     assert metrics["optim/steps"] == 2 and split.step == 2
     # The second step sees a moved policy: its ratios are not 1.
     assert metrics["ppo/ppo_kl"] != 0.0
@@ -319,14 +322,14 @@ def test_ppo_mini_batches_are_sequential_steps_against_the_pre_update_policy():
     old = np.asarray(by_hand.logprobs(by_hand.state.params, batch["tokens"],
                                       batch["positions"], batch["attention_mask"]))
     for half in (slice(0, 4), slice(4, 8)):
-        by_hand.update(**{k: v[half] for k, v in batch.items()}, old_logp=old[half])
+        by_hand.update(UpdateBatch(**{k: v[half] for k, v in batch.items()}, old_logp=old[half]))
     np.testing.assert_allclose(flat(split.state.params), flat(by_hand.state.params),
                                rtol=0, atol=1e-6)
 
     epochs = Trainer(model(), optim, LossConfig(ppo_epochs=3))
-    assert epochs.update(**batch)["optim/steps"] == 3 and epochs.step == 3
+    assert epochs.update(UpdateBatch(**batch))["optim/steps"] == 3 and epochs.step == 3
     with pytest.raises(ValueError, match="do not split into 2 mini-batches"):
-        split.update(**{k: v[:5] for k, v in batch.items()})
+        split.update(UpdateBatch(**{k: v[:5] for k, v in batch.items()}))
     with pytest.raises(ValueError, match="ppo_mini_batches=0"):
         LossConfig(ppo_mini_batches=0)
 
@@ -366,8 +369,8 @@ def test_group_by_length_gives_the_same_gradient_and_update(layout):
     assert all(lengths[rows].max() <= cut <= 256 for rows, cut in groups)
     assert len({cut for _, cut in groups}) > 1 and min(cut for _, cut in groups) < 256
 
-    g_plain, m_plain = plain.gradients(**batch)
-    g_grouped, m_grouped = grouped.gradients(**batch)
+    g_plain, m_plain = plain.gradients(UpdateBatch(**batch))
+    g_grouped, m_grouped = grouped.gradients(UpdateBatch(**batch))
     assert_grads_close(g_plain, g_grouped, rtol=1e-5)
     for key in ("loss/total", "loss/pg_mode", "loss/pg_inner", "loss/kl", "grad/norm"):
         np.testing.assert_allclose(float(m_grouped[key]), float(m_plain[key]), rtol=1e-5)
@@ -379,8 +382,8 @@ def test_group_by_length_gives_the_same_gradient_and_update(layout):
                                   batch["attention_mask"], batch.get("index"))
     m = batch["response_mask"] > 0
     np.testing.assert_allclose(lp_grouped[m], sampler_logp[m], rtol=0, atol=1e-5)
-    m_plain = plain.update(**batch, sampler_logp=sampler_logp)
-    m_grouped = grouped.update(**batch, sampler_logp=sampler_logp)
+    m_plain = plain.update(UpdateBatch(**batch, sampler_logp=sampler_logp))
+    m_grouped = grouped.update(UpdateBatch(**batch, sampler_logp=sampler_logp))
     # The loss pass's logprobs come back in the rows' own order.
     assert m_grouped["logprob/sampler_gap_max"] < 1e-5
     np.testing.assert_allclose(m_grouped["loss/total"], m_plain["loss/total"], rtol=1e-5)
@@ -399,10 +402,10 @@ def test_group_by_length_on_the_8_device_mesh(devices):
     sharded = Trainer(model(mesh=mesh), OptimConfig(),
                       LossConfig(micro_batch_size=8, group_by_length=True), mesh=mesh)
     assert len({cut for _, cut in sharded.length_groups(batch["attention_mask"])}) == 2
-    g_ref, _ = ref.gradients(**batch)
-    g_mesh, _ = sharded.gradients(**batch)
+    g_ref, _ = ref.gradients(UpdateBatch(**batch))
+    g_mesh, _ = sharded.gradients(UpdateBatch(**batch))
     assert_grads_close(g_ref, g_mesh, rtol=1e-5)
-    sharded.update(**batch)
+    sharded.update(UpdateBatch(**batch))
     leaf = jax.tree.leaves(sharded.state.params)[0]
     assert len(leaf.sharding.device_set) > 1 and sharded.step == 1
 
@@ -416,7 +419,7 @@ def test_group_by_length_keeps_the_scan_when_cutting_saves_little():
     assert trainer.length_groups(batch["attention_mask"]) is None
     calls = []
     trainer._accumulate = lambda *a: calls.append(a)  # would record any grouped call
-    metrics = trainer.update(**batch)
+    metrics = trainer.update(UpdateBatch(**batch))
     assert not calls and trainer.step == 1 and np.isfinite(metrics["loss/total"])
     # Widely spread rows do get cut.
     spread = random_batch(n=8, length=256, seed=7, min_length=16)

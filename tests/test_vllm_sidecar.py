@@ -22,16 +22,13 @@ from jax_routeweaver.models.qwen3 import token_logprobs
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, Trainer
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
-from jax_routeweaver.sampling.vllm_sidecar import (
-    ServerConfig,
-    SidecarError,
-    VllmServer,
-    VllmSidecarSampler,
-)
+from jax_routeweaver.sampling.vllm_server import ServerConfig, SidecarError, VllmServer
+from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -104,12 +101,13 @@ def _trained(path, seed):
     n, length = 8, 24
     response = np.zeros((n, length), np.float32)
     response[:, 8:] = 1.0
-    trainer.update(tokens=rng.integers(0, 1000, (n, length)).astype(np.int32),
-                   positions=np.tile(np.arange(length, dtype=np.int32), (n, 1)),
-                   attention_mask=np.ones((n, length), bool), response_mask=response,
-                   mode_mask=np.zeros((n, length), np.float32),
-                   advantages=rng.normal(size=(n, length)).astype(np.float32) * response,
-                   clean=np.ones(n, bool))
+    trainer.update(UpdateBatch(
+        tokens=rng.integers(0, 1000, (n, length)).astype(np.int32),
+        positions=np.tile(np.arange(length, dtype=np.int32), (n, 1)),
+        attention_mask=np.ones((n, length), bool), response_mask=response,
+        mode_mask=np.zeros((n, length), np.float32),
+        advantages=rng.normal(size=(n, length)).astype(np.float32) * response,
+        clean=np.ones(n, bool)))
     return trainer.model()
 
 

@@ -310,7 +310,7 @@ def rate_limited(retry_after: str, **headers: str) -> Raw:
     (rate_limited("7"), 7.0),
     (rate_limited("0"), 0.0),
     (rate_limited("Wed, 21 Oct 2015 07:28:45 GMT", Date=DATE), 45.0),
-    (rate_limited("99999"), 120.0),  # clamped to workers.RETRY_AFTER_MAX_S
+    (rate_limited("99999"), 120.0),  # clamped to http_replies.RETRY_AFTER_MAX_S
 ])
 def test_retry_after_is_honoured(server, keyed, step, wait):
     fake = FrozenTime()

@@ -109,20 +109,24 @@ def _census_text(counts: Mapping[Domain, int]) -> str:
 class PipelineConfig:
     """How records become query batches.
 
-    batch_size   queries per batch (training step).
-    group_size   K rollouts per query (GRPO group).
+    batch_size   queries per batch (training step); int >= 1 (default 32).
+    group_size   K rollouts per query (GRPO group); int >= 1 (default 8).
     quotas       rows per domain in every batch, in the order they appear in a batch; keys are
                  `Domain`s or their names (any case), counts >= 0 summing to `batch_size`;
                  domains left out get 0 and their rows are not used. None: no domain
                  composition, batches are consecutive runs of the (shuffled) record order.
+                 Default `DEFAULT_QUOTAS` (the paper's 7/7/7/6/5).
     shuffle      draw rows in a seeded random order (per domain with quotas) instead of the
                  file order; `quotas=None, shuffle=False` reproduces a reference parquet.
-    seed         shuffle seed; epoch e is shuffled with (seed, e).
-    first_index  `batch_index` of the first batch (training step − 1 of the first step).
+                 bool (default True).
+    seed         shuffle seed; epoch e is shuffled with (seed, e). Any int (default 0).
+    first_index  `batch_index` of the first batch (training step − 1 of the first step);
+                 int >= 0 (default 0).
     num_batches  batches to serve; None: every full batch of one epoch (endless with
                  `repeat`). Without `repeat` the records must fill them, else `QueryPipeline`
-                 raises naming the domain that runs out.
+                 raises naming the domain that runs out. int >= 0 or None (default None).
     repeat       when an epoch's full batches are used up, start the next epoch, reshuffled.
+                 bool (default False).
     """
 
     batch_size: int = 32

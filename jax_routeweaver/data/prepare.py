@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jax_routeweaver.data.benchmarks import SOURCES
 from jax_routeweaver.data.pipeline import (
     DEFAULT_QUOTAS,
     PipelineConfig,
@@ -49,14 +50,9 @@ from jax_routeweaver.data.pipeline import (
     check_census,
     plan_batches,
 )
-from jax_routeweaver.data.records import (
-    BadRows,
-    Domain,
-    Record,
-    write_jsonl,
-    write_parquet,
-)
-from jax_routeweaver.data.sources import SOURCES, SourceStats, load_source
+from jax_routeweaver.data.record_files import BadRows, write_jsonl, write_parquet
+from jax_routeweaver.data.records import Domain, Record
+from jax_routeweaver.data.sources import SourceStats, load_source
 
 __all__ = [
     "EVAL_SETS",

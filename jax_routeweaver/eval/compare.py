@@ -45,7 +45,7 @@ from jax_routeweaver.eval import report
 from jax_routeweaver.eval.baselines import BASELINE_NAMES, aevaluate_baselines
 from jax_routeweaver.eval.evaluate import (
     CACHE_FILE,
-    EvalOptions,
+    EvalConfig,
     EvalResult,
     EvalSet,
     Evaluator,
@@ -73,25 +73,40 @@ def forced_name(mode: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class BaselineOptions:
+class BaselineConfig:
     """The single-round baselines on `sets` (module doc). `train_sets`: what kNN/MLP fit on
     (needed only when they run). `cache`: the worker cache ("" = OUT/worker_cache.jsonl).
     `limit`: only the first N evaluation questions over all sets. `largest_worker`: the
     "largest" router's worker (None = the priciest by the price table). `k`, `lambda_cost`,
     `seed`, `mlp_steps`: as `baselines.aevaluate_baselines`."""
 
+    # Evaluation sets: record files or ``synthetic[:N[:SEED]]`` (as `EvalConfig.sets`);
+    # at least one.
     sets: tuple[str, ...]
+    # Output directory; each baseline writes OUT/<router>/ (module doc). Required.
     out_dir: str
+    # Training sets of kNN/MLP (same forms as `sets`); required when either runs.
     train_sets: tuple[str, ...] = ()
+    # Baselines to run: distinct names from `BASELINE_NAMES`, at least one.
     routers: tuple[str, ...] = BASELINE_NAMES
+    # Worker of the "largest" router (an offered worker id); None = the priciest one.
     largest_worker: str | None = None
+    # Worker cache mode: "record", "replay" or "off" (`routing.replay`).
     replay: ReplayMode = "record"
+    # Worker cache file; "" = OUT/worker_cache.jsonl.
     cache: str = ""
+    # Only the first N evaluation questions over all sets, N >= 0; None = all.
     limit: int | None = None
+    # Neighbours of the kNN router, >= 1.
     k: int = 10
+    # Cost weight λ of kNN/MLP, per USD, >= 0 (0 = accuracy routing; a call costs about
+    # 1e-5..1e-3 USD, so λ matters from about 1e3).
     lambda_cost: float = 0.0
+    # Seed of the random router's picks and of the MLP's initialisation; any int.
     seed: int = 0
+    # Full-batch Adam steps of the MLP router, >= 1.
     mlp_steps: int = 300
+    # Sampling temperature of HTTP workers, >= 0 (not checked here).
     worker_temperature: float = DEFAULT_TEMPERATURE
 
     def __post_init__(self) -> None:
@@ -110,36 +125,53 @@ class BaselineOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class CompareOptions:
+class CompareConfig:
     """The comparison (module doc): `checkpoint` free and forced to each mode, the
     `routers` baselines, and `router_r1` (a checkpoint, "" = none) with its own config.
-    `cache` "" = OUT/worker_cache.jsonl, shared by all. Other fields as `EvalOptions` and
-    `BaselineOptions`."""
+    `cache` "" = OUT/worker_cache.jsonl, shared by all. Other fields as `EvalConfig` and
+    `BaselineConfig`."""
 
+    # The trained router, evaluated free and forced to each mode (as `EvalConfig`).
     checkpoint: str
+    # Evaluation sets: record files or ``synthetic[:N[:SEED]]``; at least one.
     sets: tuple[str, ...]
+    # Output directory of the whole table (module doc). Required.
     out_dir: str
+    # Training sets of kNN/MLP; required when either is in `routers`.
     train_sets: tuple[str, ...] = ()
+    # Baselines to run: distinct names from `BASELINE_NAMES`, at least one.
     routers: tuple[str, ...] = BASELINE_NAMES
+    # A Router-R1 checkpoint to add as a row; "" = none.
     router_r1: str = ""
+    # Worker of the "largest" baseline; None = the priciest offered worker.
     largest_worker: str | None = None
+    # Worker cache mode: "record", "replay" or "off" (`routing.replay`).
     replay: ReplayMode = "record"
+    # The one worker cache file of all rows; "" = OUT/worker_cache.jsonl.
     cache: str = ""
+    # Only the first N evaluation questions over all sets, N >= 0; None = all.
     limit: int | None = None
+    # Episodes sampled together by the checkpoints, >= 0; 0 = data.batch_size ×
+    # data.group_size.
     batch_size: int = 0
+    # Neighbours of the kNN baseline, >= 1.
     k: int = 10
+    # Cost weight λ of kNN/MLP, per USD, >= 0 (0 = accuracy routing).
     lambda_cost: float = 0.0
+    # Seed of the random baseline and the MLP's initialisation; any int.
     seed: int = 0
+    # Sampling temperature of HTTP workers, >= 0 (not checked here).
     worker_temperature: float = DEFAULT_TEMPERATURE
+    # Show progress bars while the checkpoints are evaluated.
     progress: bool = True
 
     def __post_init__(self) -> None:
-        # Validate (as BaselineOptions does) before any row is evaluated, not when the
+        # Validate (as BaselineConfig does) before any row is evaluated, not when the
         # baselines' turn comes.
         self.baseline_options(self.cache)
 
-    def baseline_options(self, cache: str) -> BaselineOptions:
-        return BaselineOptions(
+    def baseline_options(self, cache: str) -> BaselineConfig:
+        return BaselineConfig(
             sets=self.sets, out_dir=self.out_dir, train_sets=self.train_sets,
             routers=self.routers, largest_worker=self.largest_worker, replay=self.replay,
             cache=cache, limit=self.limit, k=self.k, lambda_cost=self.lambda_cost,
@@ -147,8 +179,8 @@ class CompareOptions:
 
     def eval_options(self, checkpoint: str, out_dir: Path, name: str, cache: str,
                      force_mode: Literal["single", "multi", "agentic"] | None = None
-                     ) -> EvalOptions:
-        return EvalOptions(
+                     ) -> EvalConfig:
+        return EvalConfig(
             checkpoint=checkpoint, sets=self.sets, out_dir=str(out_dir), force_mode=force_mode,
             replay=self.replay, cache=cache, limit=self.limit, batch_size=self.batch_size,
             name=name, worker_temperature=self.worker_temperature, progress=self.progress)
@@ -225,7 +257,7 @@ def _write_baseline(out: Path, name: str, rows: list[dict[str, Any]],
     return EvalResult(out, rows, summary, len(rows), None)
 
 
-def run_baselines(cfg: TrainConfig, options: BaselineOptions, *,
+def run_baselines(cfg: TrainConfig, options: BaselineConfig, *,
                   pool: WorkerPool | None = None, eval_sets: Sequence[EvalSet] | None = None,
                   embedder: Any = None, console: Console | None = None
                   ) -> dict[str, EvalResult]:
@@ -245,7 +277,7 @@ def run_baselines(cfg: TrainConfig, options: BaselineOptions, *,
     train = load_train_records(options.train_sets, cfg, evaluation, console) if learned \
         else []
     cache = options.cache or str(out / CACHE_FILE)
-    wrapped = build_eval_pool(_workers_config(cfg), [*evaluation, *train], EvalOptions(
+    wrapped = build_eval_pool(_workers_config(cfg), [*evaluation, *train], EvalConfig(
         checkpoint="", sets=options.sets, out_dir=str(out), replay=options.replay,
         cache=cache, worker_temperature=options.worker_temperature), pool)
 
@@ -313,7 +345,7 @@ def write_mode_oracle(oracle: ModeOracle, out: Path) -> list[Path]:
     return paths
 
 
-def run_comparison(cfg: TrainConfig, options: CompareOptions, *,
+def run_comparison(cfg: TrainConfig, options: CompareConfig, *,
                    r1_cfg: TrainConfig | None = None, pool: WorkerPool | None = None,
                    embedder: Any = None, console: Console | None = None
                    ) -> dict[str, report.Summary]:

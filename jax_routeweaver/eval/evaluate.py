@@ -9,7 +9,7 @@ in a violation counts as correct). The ``model`` (dtypes, runtime options), ``ro
 price table (`pricing.pool_prices`: a channel file's prices, the reference table for the
 simulated pool), and the pool is checked before anything is written (`rl.pool_check`: every
 offered worker priced; unless the run only replays, keys set and endpoints serving the
-configured models). Forcing a mode (`EvalOptions.force_mode`) injects the declaration the way
+configured models). Forcing a mode (`EvalConfig.force_mode`) injects the declaration the way
 the curriculum's forced arm does, which gives the fixed-paradigm baselines.
 ``rollout.dialect: router_r1`` evaluates a Router-R1 router (its dialect and scorer; cost in
 Router-R1's own prices, as in training).
@@ -58,30 +58,21 @@ from rich.progress import (
 )
 
 from jax_routeweaver.config import redact_secrets, to_dict
-from jax_routeweaver.data.records import FORCED_MODES, Domain, ReadStats, Record, read_records
+from jax_routeweaver.data.record_files import ReadStats, read_records
+from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 from jax_routeweaver.eval import report
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.models.tokenizer import load_tokenizer
-from jax_routeweaver.rewards.reward import score_batch
-from jax_routeweaver.rl import router_r1_run as r1run
+from jax_routeweaver.rl.builders import build_pool, build_sampler, build_tokenizer, dialect_for
 from jax_routeweaver.rl.checkpoint import TOKENIZER_DIR, has_tokenizer, list_steps, restore_policy
-from jax_routeweaver.rl.loop import (
-    CONFIG_FILE,
-    build_pool,
-    build_sampler,
-    build_tokenizer,
-    env_config,
-    reward_config,
-    stop_ids,
-)
+from jax_routeweaver.rl.loop import CONFIG_FILE
 from jax_routeweaver.rl.pool_check import check_run_pool
-from jax_routeweaver.rl.sidecar import Sidecar
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
 from jax_routeweaver.routing.channels import load_channels
 from jax_routeweaver.routing.episode import run_episodes_async
-from jax_routeweaver.routing.pricing import WorkerPrice, billable_tokens, pool_prices
+from jax_routeweaver.routing.pricing import WorkerPrice, billable_tokens
 from jax_routeweaver.routing.replay import (
     REPLAY_MODES,
     ReplayMode,
@@ -89,9 +80,9 @@ from jax_routeweaver.routing.replay import (
     ReplayStats,
     http_identity,
 )
-from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
 from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE, HttpWorkerPool
+from jax_routeweaver.sampling.sidecar import Sidecar
 
 CACHE_FILE = "worker_cache.jsonl"
 SYNTHETIC = "synthetic"
@@ -113,23 +104,39 @@ def check_run_options(sets: Sequence[str], replay: str, limit: int | None) -> No
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalOptions:
+class EvalConfig:
     """One evaluation. `sets`: record files or ``synthetic[:N[:SEED]]``. `replay`: the
     worker cache mode (`routing.replay`); `cache`: its file ("" = OUT/worker_cache.jsonl).
     `limit`: evaluate only the first N questions over all sets (a later run without it
     does the rest). `batch_size`: episodes sampled together (0 = data.batch_size ×
     data.group_size, the loop's rollout batch). `name`: the router's name in rows and
     tables ("" = derived from the checkpoint and the forced mode)."""
+    # The router to evaluate: an HF directory, a policy checkpoint or step directory, or a
+    # run directory (`resolve_checkpoint`). Required.
     checkpoint: str
+    # Evaluation sets: record files (.jsonl/.json/.parquet) or ``synthetic[:N[:SEED]]``;
+    # at least one.
     sets: tuple[str, ...]
+    # Output directory: rows.jsonl, eval.json and the summaries (module doc). Required.
     out_dir: str
+    # Force every episode into this mode ("single", "multi" or "agentic"); None = free
+    # routing. Not allowed with the Router-R1 dialect.
     force_mode: Literal["single", "multi", "agentic"] | None = None
+    # Worker cache mode (`routing.replay`): "record", "replay" (offline, a miss is an
+    # error) or "off" (no cache).
     replay: ReplayMode = "record"
+    # Worker cache file; "" = OUT/worker_cache.jsonl. Unused with replay="off".
     cache: str = ""
+    # Evaluate only the first N questions over all sets, N >= 0; None = all.
     limit: int | None = None
+    # Episodes sampled together, >= 0; 0 = data.batch_size × data.group_size.
     batch_size: int = 0
+    # The router's name in rows and tables; "" = derived from checkpoint and forced mode.
     name: str = ""
+    # Sampling temperature of HTTP workers, >= 0 (not checked here; unused by the simulated
+    # pool).
     worker_temperature: float = DEFAULT_TEMPERATURE  # the reference's worker temperature
+    # Show a progress bar while evaluating.
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -204,7 +211,7 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> RouterCheckpoint:
 
 def load_router(cfg: TrainConfig, ckpt: RouterCheckpoint, mesh: Any) -> Any:
     """The checkpoint's `Qwen3`, with the config's dtypes and runtime options (as
-    `rl.loop.build_policy` loads ``model.init``)."""
+    `rl.builders.build_policy` loads ``model.init``)."""
     m = cfg.model
     runtime = m.runtime()
     if ckpt.kind == "hf":
@@ -217,7 +224,7 @@ def load_router(cfg: TrainConfig, ckpt: RouterCheckpoint, mesh: Any) -> Any:
 
 def load_router_tokenizer(cfg: TrainConfig, ckpt: RouterCheckpoint, records: list[Record],
                           pool: WorkerPool) -> Any:
-    """The checkpoint's own tokenizer; else the config's (`rl.loop.build_tokenizer`), except
+    """The checkpoint's own tokenizer; else the config's (`rl.builders.build_tokenizer`), except
     a pruned one, which only the training run's text defines."""
     if ckpt.tokenizer_dir is not None:
         return load_tokenizer(ckpt.tokenizer_dir)
@@ -301,7 +308,7 @@ class CatalogOnlyPool:
         raise RuntimeError(f"{self.channels.path}: a replay-only pool cannot call {worker}")
 
 
-def build_eval_pool(cfg: TrainConfig, records: list[Record], options: EvalOptions,
+def build_eval_pool(cfg: TrainConfig, records: list[Record], options: EvalConfig,
                     pool: WorkerPool | None = None, *, check: bool = True) -> ReplayPool:
     """The workers wrapped in the record/replay cache: the given `pool`, the simulated pool
     over the evaluation questions (deterministic: a reply depends only on seed, worker and
@@ -326,8 +333,7 @@ def build_eval_pool(cfg: TrainConfig, records: list[Record], options: EvalOption
             temperature=options.worker_temperature)
     elif pool is None:
         pool = build_pool(cfg, records)
-    if cfg.rollout.dialect == "router_r1":
-        pool = r1run.router_r1_pool(pool)
+    pool = dialect_for(cfg).worker_pool(pool)  # Router-R1's replies without their tags
     cache = options.cache or str(Path(options.out_dir) / CACHE_FILE)
     return ReplayPool(pool, mode=options.replay, cache=None if options.replay == "off"
                       else cache, identify=identify, secrets=secrets)
@@ -375,7 +381,6 @@ class _Runner:
                  pool: ReplayPool, batch_size: int, out: Path):
         self.cfg = greedy_config(cfg)
         self.pool = pool
-        self.router_r1 = cfg.rollout.dialect == "router_r1"
         self.sidecar: Any = None
         tokenizer = load_router_tokenizer(cfg, ckpt, records, pool)
         mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
@@ -386,19 +391,13 @@ class _Runner:
         pad_id = tokenizer.pad_token_id or 0
         eos = model.config.eos_token_id if model.config.eos_token_id is not None \
             else tokenizer.eos_token_id
-        self.r1_scorer: Any = None
-        if self.router_r1:
-            workers = r1run.model_workers(self.cfg, pool)
-            self.make_env = r1run.env_factory(self.cfg, tokenizer, workers, stop_ids(eos))
-            self.r1_scorer = r1run.RouterR1Scorer(
-                cfg.reward.router_r1, workers,
-                lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
-        else:
-            self.make_env = routeweaver_envs(tokenizer, pool, env_config(self.cfg, eos))
-        self.reward_cfg = reward_config(cfg)
+        # The dialect's episodes and scorer, as in training (`rl.dialect`).
+        self.dialect = dialect_for(self.cfg)
+        self.dialect.start(tokenizer, pool, eos)
         if cfg.rollout.sampler == "vllm":
             # The sidecar boots on an HF export of this very model (policy version 0).
-            self.sidecar = Sidecar(self.cfg, model, tokenizer, out)
+            self.sidecar = Sidecar(self.cfg.rollout.vllm, model, tokenizer, out,
+                                   seed=self.cfg.seed)
             self.sampler = self.sidecar.sampler
         else:
             # As the loop does: the first round samples the whole batch.
@@ -412,12 +411,9 @@ class _Runner:
         # Router-R1 costs its calls with its own price table (in its scorer), as in training;
         # the others at the pool's table (the channel file's, or the reference's).
         trajs = self.loop.run_until_complete(run_episodes_async(
-            batch, self.sampler, self.pool, self.make_env,
-            prices=None if self.router_r1 else pool_prices(self.pool)))
-        if self.r1_scorer is not None:
-            rewards, _ = self.r1_scorer.score(trajs)
-        else:
-            rewards = score_batch(trajs, self.reward_cfg, workers=self.cfg.reward.score_workers)
+            batch, self.sampler, self.pool, self.dialect.make_env,
+            prices=self.dialect.prices(self.pool)))
+        rewards, _ = self.dialect.score(trajs)
         return trajs, rewards
 
     def close(self) -> None:
@@ -479,7 +475,7 @@ class Evaluator:
 
     SHARED = ("checkpoint", "sets", "replay", "cache", "batch_size", "worker_temperature")
 
-    def __init__(self, cfg: TrainConfig, base: EvalOptions, *, pool: WorkerPool | None = None,
+    def __init__(self, cfg: TrainConfig, base: EvalConfig, *, pool: WorkerPool | None = None,
                  eval_sets: Sequence[EvalSet] | None = None, console: Console | None = None):
         if pool is None:  # before anything is loaded or written
             check_run_pool(cfg, network=base.replay != "replay")
@@ -515,7 +511,7 @@ class Evaluator:
         assert self._wrapped is not None
         return self._runner, self._wrapped
 
-    def evaluate(self, options: EvalOptions | None = None) -> EvalResult:
+    def evaluate(self, options: EvalConfig | None = None) -> EvalResult:
         """One evaluation into ``options.out_dir`` (default: `base`); see the module doc."""
         options = options or self.base
         changed = [k for k in self.SHARED if getattr(options, k) != getattr(self.base, k)]
@@ -576,7 +572,7 @@ class Evaluator:
         return EvalResult(out, rows, summary, len(todo), stats)
 
 
-def evaluate(cfg: TrainConfig, options: EvalOptions, *, pool: WorkerPool | None = None,
+def evaluate(cfg: TrainConfig, options: EvalConfig, *, pool: WorkerPool | None = None,
              console: Console | None = None) -> EvalResult:
     """Evaluate `options.checkpoint` with `cfg`'s router/rollout/workers sections; see the
     module doc. `pool`: use this worker pool instead of the config's (tests)."""

@@ -1,7 +1,7 @@
 """`measure_favourites`: which execution mode the worker pool favours, per domain, measured.
 
 For a run config (and optionally a trained checkpoint) it takes the run's own training
-questions (`rl.loop.build_records`), the first ``per_domain`` of each domain present, and
+questions (`rl.builders.build_records`), the first ``per_domain`` of each domain present, and
 runs every question ``samples`` times forced to each mode (``single``, ``multi``,
 ``agentic``; the declaration is injected as the curriculum's forced arm does, so the router
 only executes the mode). The router samples at ``rollout.temperature`` with the config's
@@ -60,15 +60,14 @@ from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 from jax_routeweaver.eval.evaluate import load_router, load_router_tokenizer, resolve_checkpoint
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rewards.reward import Rewards, score_batch
-from jax_routeweaver.rl.loop import (
+from jax_routeweaver.rl.builders import (
     build_policy,
     build_pool,
     build_records,
     build_sampler,
     build_tokenizer,
-    env_config,
-    reward_config,
 )
+from jax_routeweaver.rl.routeweaver_run import env_config, reward_config
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.episode import Trajectory, run_episodes_async
 from jax_routeweaver.routing.pricing import pool_prices

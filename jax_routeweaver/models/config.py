@@ -77,46 +77,49 @@ class ModelConfig:
     be the pair ATTENTION_FLAGS gives it (`from_hf` sets them), else ConfigError naming both:
     they decide which tensors the model has, and the HF export must match its class.
 
-    Runtime options: `param_dtype` (master weights), `dtype` (compute), `scan_layers`
-    (`lax.scan` over the stacked layers instead of an unrolled loop: same params either way),
-    `remat` (one of REMAT_POLICIES, applied per layer), `remat_groups` (G > 1: the layers run
-    as G checkpointed groups of L/G, so the backward pass keeps G + L/G layer inputs instead
-    of L, for one more forward pass; G near sqrt(L) keeps the fewest), `logprob_chunk`
-    (tokens per chunk when computing per-token logprobs without materialising `[B, T, V]`),
-    `attention_block`
-    (queries per block when attention runs block by block: the `[B, N, block, S]` fp32 scores
-    of one block are what long sequences hold at a time), `causal_parts` (P > 1: self-attention
-    splits the query blocks into P parts that each read only the keys up to the part's end,
-    (P + 1) / 2P of the attention work for about (P + 1) / 2 times the score memory: fast for
-    short rows, 1 for memory-bound long ones).
+    Each field's comment gives its meaning and valid range; `__post_init__` enforces the
+    ranges it can check on its own (a ConfigError naming the field and its value), `from_hf`
+    the positivity of the sizes it reads.
     """
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_theta: float = 1_000_000.0
+    vocab_size: int  # tokens in the embedding and the LM head; >= 1
+    hidden_size: int  # model width D; >= 1
+    intermediate_size: int  # MLP width; >= 1
+    num_layers: int  # decoder layers L; >= 1
+    num_heads: int  # query heads; >= 1, a multiple of num_kv_heads
+    num_kv_heads: int  # key/value heads (grouped-query attention); divides num_heads
+    head_dim: int  # features per head; even (RoPE rotates pairs)
+    rope_theta: float = 1_000_000.0  # RoPE base; > 0
+    # the RoPE scaling's (key, value) pairs: rope_type (one of ROPE_TYPES) and its parameters
     rope_scaling: tuple[tuple[str, Any], ...] = ()
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = 40960
-    qk_norm: bool = True
-    qkv_bias: bool = False
-    architecture: str = "Qwen3ForCausalLM"
-    bos_token_id: int | None = None
-    eos_token_id: int | tuple[int, ...] | None = None
-    pad_token_id: int | None = None
+    rms_norm_eps: float = 1e-6  # RMSNorm's epsilon, added to the mean square
+    tie_word_embeddings: bool = False  # the LM head reuses the embedding matrix
+    max_position_embeddings: int = 40960  # positions the checkpoint was trained for
+    qk_norm: bool = True  # RMS-normalise query and key heads (Qwen3); must match architecture
+    qkv_bias: bool = False  # biases on q, k, v projections (Qwen2); must match architecture
+    architecture: str = "Qwen3ForCausalLM"  # HF class name, a key of ARCHITECTURES
+    bos_token_id: int | None = None  # from config.json; None = not set
+    eos_token_id: int | tuple[int, ...] | None = None  # one id or several; None = not set
+    pad_token_id: int | None = None  # from config.json; None = not set
     # runtime
-    param_dtype: str = "float32"
-    dtype: str = "float32"
+    param_dtype: str = "float32"  # master weights; one of DTYPES
+    dtype: str = "float32"  # compute; one of DTYPES
+    # `lax.scan` over the stacked layers instead of an unrolled loop (same params either way)
     scan_layers: bool = True
-    remat: str = "none"
+    remat: str = "none"  # rematerialisation applied per layer; one of REMAT_POLICIES
+    # G >= 1 dividing num_layers; G > 1: the layers run as G checkpointed groups of L/G, so the
+    # backward pass keeps G + L/G layer inputs instead of L, for one more forward pass (G near
+    # sqrt(L) keeps the fewest)
     remat_groups: int = 1
+    # tokens per chunk (>= 1) when computing per-token logprobs without materialising
+    # `[B, T, V]`
     logprob_chunk: int = 512
+    # queries per block (>= 1) when attention runs block by block: the `[B, N, block, S]`
+    # fp32 scores of one block are what long sequences hold at a time
     attention_block: int = 512
+    # P >= 1; P > 1: self-attention splits the query blocks into P parts that each read only
+    # the keys up to the part's end, (P + 1) / 2P of the attention work for about (P + 1) / 2
+    # times the score memory: fast for short rows, 1 for memory-bound long ones
     causal_parts: int = 1
 
     def __post_init__(self) -> None:

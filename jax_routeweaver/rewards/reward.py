@@ -43,8 +43,8 @@ from jax_routeweaver.data.records import CODE_SCORER_DATASETS
 from jax_routeweaver.rewards.sandbox import IsolationUnavailable
 from jax_routeweaver.rewards.scorers.registry import ScoreResult, score
 from jax_routeweaver.routing.episode import Trajectory
-from jax_routeweaver.routing.grammar import SELECTOR_VIOLATIONS, Violation
 from jax_routeweaver.routing.pricing import C_REF_USD, cost_score
+from jax_routeweaver.routing.violations import SELECTOR_VIOLATIONS, Violation
 
 Scorer = Callable[[str, str, Sequence[str], Mapping[str, Any] | None], ScoreResult]
 CodeScorerMode = Literal["union", "final"]
@@ -282,9 +282,16 @@ class RewardConfig:
     at which S_cost = 0.5 (paper: `C_REF_USD`, recalibrate with `routeweaver calibrate-cost`);
     `recovery`: reward of the recovery branch; `code_scorer`: "union" or "final"."""
 
+    # Weight α of the efficiency reward against the task reward, in [0, 1]; mixed in the
+    # advantage code (0: task reward only, no cost evaluation).
     alpha: float = 0.0
+    # Reference cost C_ref in USD per episode at which S_cost = 0.5; finite and > 0.
     c_ref: float = C_REF_USD
+    # Score with the recovery branch of the task reward (module doc) instead of the paper's
+    # no-recovery one.
     recovery: bool = False
+    # Programs a code row tries: "union" (router, summarizer, then every worker reply with a
+    # fence; the paper) or "final" (router and summarizer only).
     code_scorer: CodeScorerMode = "union"
 
     def __post_init__(self) -> None:

@@ -215,7 +215,9 @@ class RouterR1RewardConfig:
     """`alpha`: the cost trade-off (`cost_coe`, paper 0.6-0.9); `metric`: outcome driving the
     reward ("em" in the official scripts)."""
 
+    # Weight α of the normalised cost score C against the outcome, in [0, 1] (module doc).
     alpha: float = 0.0
+    # Outcome of a correct answer: "em" (exact match = 1) or "f1" (token F1 > 0, scaled by F1).
     metric: Metric = "em"
 
     def __post_init__(self) -> None:

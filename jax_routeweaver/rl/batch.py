@@ -17,7 +17,8 @@ import numpy as np
 
 from jax_routeweaver.rewards.reward import Rewards
 from jax_routeweaver.rl import advantages as adv_lib
-from jax_routeweaver.rl.trainer import length_bucket, round_up
+from jax_routeweaver.rl.shapes import length_bucket, round_up
+from jax_routeweaver.rl.trainer import UpdateBatch
 from jax_routeweaver.routing.episode import Trajectory
 
 MODE_IDS = {"single": adv_lib.MODE_SINGLE, "multi": adv_lib.MODE_MULTI,
@@ -69,6 +70,16 @@ class RolloutBatch:
         """``[N, L]`` -> ``[N, P]`` at the policy tokens (0 on padding entries)."""
         out = np.take_along_axis(np.asarray(x), self.policy_index, axis=1)
         return (out * self.policy_valid).astype(np.float32)
+
+    def for_update(self, advantages: np.ndarray, mode_mask: np.ndarray,
+                   old_logp: np.ndarray | None = None) -> UpdateBatch:
+        """The trainer's batch of these rows, at their policy tokens: ``advantages [N, P]``
+        (and ``old_logp [N, P]``, None: recomputed by the trainer) are already gathered;
+        ``mode_mask [N, L]`` is gathered here, as are the sampler's logprobs."""
+        return UpdateBatch(self.tokens, self.positions, self.attention_mask, self.policy_valid,
+                           self.gather(mode_mask), advantages, self.clean,
+                           index=self.policy_index, sampler_logp=self.gather(self.sampler_logp),
+                           old_logp=old_logp)
 
 
 def pack_rollouts(trajs: Sequence[Trajectory], rewards: Sequence[Rewards], *, group_size: int,

@@ -33,7 +33,8 @@ from jax.sharding import PartitionSpec as P
 from jax_routeweaver.config import bounded
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import to_host
-from jax_routeweaver.rl.trainer import OptimConfig, Trainer, make_optimizer, opt_shardings
+from jax_routeweaver.rl.learner_config import OptimConfig
+from jax_routeweaver.rl.trainer import Trainer, make_optimizer, opt_shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +42,10 @@ class CriticConfig:
     """The critic's optimizer and value clip (Router-R1: lr 1e-5, clip 0.5, grad clip 1.0;
     veRL's AdamW defaults otherwise). Used with ``algo.estimator: ppo_gae`` only."""
 
-    lr: float = bounded(1e-5, "(0, inf)")
+    lr: float = bounded(1e-5, "(0, inf)")  # the critic's AdamW learning rate
     value_clip: float = bounded(0.5, "(0, inf)")  # |V − V_old| bound of the clipped loss
     grad_clip: float = bounded(1.0, "[0, inf)")  # global grad-norm clip; 0 = off
-    weight_decay: float = bounded(0.01, "[0, inf)")
+    weight_decay: float = bounded(0.01, "[0, inf)")  # AdamW's decoupled weight decay
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and self.value_clip > 0):

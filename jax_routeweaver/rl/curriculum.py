@@ -30,7 +30,7 @@ class ExplorationConfig:
 
     def __post_init__(self) -> None:
         if self.forced_anneal_steps <= 0:
-            raise ValueError("forced_anneal_steps must be positive")
+            raise ValueError(f"forced_anneal_steps={self.forced_anneal_steps} must be positive")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,3 +111,18 @@ def allgather_objects(obj: Any) -> list[Any]:
     padded[:data.size] = data
     gathered = multihost_utils.process_allgather(padded)
     return [pickle.loads(gathered[i, :int(n)].tobytes()) for i, n in enumerate(sizes.ravel())]
+
+
+def host_share(records: list[Any], process: int, processes: int) -> list[Any]:
+    """The queries process ``process`` of ``processes`` rolls out: every ``processes``-th,
+    from its index (all K rollouts of a query stay on one host, so its group is whole)."""
+    return list(records[process::processes])
+
+
+def merge_host_shares(shares: list[list[Any]], group_size: int) -> list[Any]:
+    """Trajectories of all hosts (``shares[p]``: process p's, K per query, in its queries'
+    order) back in batch order: query j is process ``j % P``'s ``(j // P)``-th."""
+    groups = [[share[i:i + group_size] for i in range(0, len(share), group_size)]
+              for share in shares]
+    total = sum(len(g) for g in groups)
+    return [t for j in range(total) for t in groups[j % len(shares)][j // len(shares)]]

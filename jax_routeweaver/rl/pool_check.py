@@ -9,7 +9,7 @@ builds. A ``rollout.dialect: router_r1`` run bills with Router-R1's own table in
 (completion tokens x $/1M of the Router-R1 model each worker serves:
 `rewards.router_r1_reward.worker_prices`).
 
-`check_run_pool(cfg)` runs before anything of a run is built or written (`rl.loop.build_pool`
+`check_run_pool(cfg)` runs before anything of a run is built or written (`rl.builders.build_pool`
 calls it; `eval` and `train --dry-run` too) and raises `PoolCheckError`, one line naming each
 failing worker, what is wrong and where (the endpoint URL or the channel file; never a key),
 unless:
@@ -22,7 +22,7 @@ unless:
    e.g. an offline replay): every key variable the file names is set (the HTTP pool needs
    them all), and each offered worker's endpoint answers ``GET {base_url}/models`` within
    `MODELS_TIMEOUT_S` with a model list that includes its configured ``model``
-   (`routing.workers.check_endpoints`: fail closed on an unreachable endpoint, any status but
+   (`routing.endpoint_check.check_endpoints`: fail closed on an unreachable endpoint, any status but
    200 — 404/405 included — or a name it does not serve).
 
 Nothing here writes a file; a key is sent only to its own endpoint in the Authorization
@@ -38,6 +38,7 @@ from jax_routeweaver.rewards.router_r1_reward import worker_prices
 from jax_routeweaver.rl import router_r1_run as r1run
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.channels import ChannelConfig, load_channels
+from jax_routeweaver.routing.endpoint_check import MODELS_TIMEOUT_S, check_endpoints
 from jax_routeweaver.routing.pricing import (
     PRICE_TABLE_VERSION,
     REFERENCE_PRICES,
@@ -45,8 +46,8 @@ from jax_routeweaver.routing.pricing import (
     WorkerPrice,
     price_problems,
 )
-from jax_routeweaver.routing.simulated import DEFAULT_PROFILES
-from jax_routeweaver.routing.workers import MODELS_TIMEOUT_S, check_endpoints, missing_keys
+from jax_routeweaver.routing.simulated_profiles import DEFAULT_PROFILES
+from jax_routeweaver.routing.workers import missing_keys
 
 SIMULATED = "simulated"
 REFERENCE_TABLE = "the reference price table"

@@ -121,3 +121,13 @@ def param_bytes(model: Qwen3) -> int:
     """Bytes of `model`'s parameters in their dtype."""
     return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize
                for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+
+
+def replica_model(model: Qwen3, params: dict) -> Qwen3:
+    """``model`` with its parameters replaced by ``params`` (`HostReplicas.refresh`)."""
+    graphdef, state = nnx.split(model)
+    flat = dict(nnx.to_flat_state(state))
+    for path, value in params.items():
+        flat[path] = flat[path].replace(value) if isinstance(flat[path], nnx.Variable) \
+            else value
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))

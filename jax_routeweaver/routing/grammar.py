@@ -1,19 +1,17 @@
-"""The RouteWeaver action protocol: tags, parsers, violation codes, turn validation, observation
-framing and the observation token budget (docs/protocol.md: "Tags", "The rules of each mode",
-"Observations", "Violation codes").
+"""The RouteWeaver action language: modes and roles, tags and stop strings, the protocol's
+limits (`ProtocolConfig`), the parsers of router turns and the writers of the environment's own
+protocol text (docs/protocol.md: "Tags", "Limits").
 
 Pure and I/O-free; the episode runner owns the tokenizer, the sampler and the worker pool.
 
 * Turn 1 (selector) writes `<mode>single|multi|agentic</mode>`; single/multi action turns write
   one `<route model="worker_K">TASK</route>` each; an agentic action turn writes one layer of
   `<route model=… role=… refs=…>` members; `<answer>…</answer>` ends the episode.
-* Every parse gives a typed action or a `Rejected` carrying exactly one `Violation` (`code`);
-  selector and agentic turns keep all their codes in `Rejected.codes`, sorted, and the recorded
-  code is the alphabetically first one, as the reference does.
-* With `ProtocolConfig.recovery` off (the reference default) the first violation ends the
-  episode; with it on the runner injects `violation_cue` text and the policy retries.
-* Observations are framed here (`single_multi_observation`, `agentic_observation`) and cut to a
-  token budget per block (`observation_ids`), head + tail around a fixed marker.
+* Every parse gives a typed action or a `Rejected` carrying exactly one `Violation` (`code`,
+  see `violations.py`); selector and agentic turns keep all their codes in `Rejected.codes`,
+  sorted, and the recorded code is the alphabetically first one, as the reference does.
+* Turn validation against the episode so far lives in `turns.py`, observation framing and the
+  observation token budget in `observations.py`.
 """
 
 from __future__ import annotations
@@ -21,12 +19,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Callable, Sequence
 from typing import Literal
 
 from jax_routeweaver.config import bounded
+from jax_routeweaver.routing.violations import Violation
 
-Encode = Callable[[str], Sequence[int]]
 ForcedDeclaration = Literal["user_turn", "assistant_text"]
 
 
@@ -101,23 +98,43 @@ class ProtocolConfig:
     episode. `routing_state`: agentic turns get the routing-state header.
     """
 
+    # Cap on one selector turn, tokens, >= 1.
     selector_max_tokens: int = bounded(64, "[1, inf)")  # tokens
+    # Calls required and allowed in a single episode, >= 1.
     single_routes: int = bounded(1, "[1, inf)")
+    # Calls a multi episode must make before `<answer>`, >= 1 and <= multi_max_routes.
     multi_min_routes: int = bounded(2, "[1, inf)")
+    # Most calls a multi episode may make, >= multi_min_routes.
     multi_max_routes: int = bounded(4, "[1, inf)")
+    # Calls per agentic episode, >= 1.
     max_workers: int = bounded(8, "[1, inf)")  # agentic calls, the summarizer's last slot included
+    # Action turns per episode (rejected ones included, selector turns not), >= 1; None:
+    # max_workers + 2.
     max_action_turns: int | None = bounded(None, "[1, inf)")
+    # Selector turns allowed when `recovery` is on (1 without), >= 1.
     selector_attempts_with_recovery: int = bounded(2, "[1, inf)")
+    # The whole response window, policy and environment tokens together, tokens, >= 1.
     response_length: int = bounded(16384, "[1, inf)")  # tokens, like the rest below
+    # `max_tokens` of each worker call (also quoted in the catalog), tokens, >= 1.
     worker_max_tokens: int = bounded(4096, "[1, inf)")
+    # Window kept free when the dynamic observation budget is computed, tokens, >= 0.
     obs_reserve: int = bounded(1024, "[0, inf)")
+    # Most one observation turn may take under the dynamic budget, tokens, >= 1.
     obs_budget_cap: int = bounded(4096, "[1, inf)")
+    # Smallest per-block share of an agentic observation turn, tokens, >= 0.
     obs_min_per_obs: int = bounded(256, "[0, inf)")
+    # Share of a cut observation body kept from its end (the rest from its head), in [0, 1].
     obs_tail_fraction: float = bounded(0.5, "[0, 1]")  # share of a cut observation from its end
+    # Fixed per-turn observation budget, tokens, >= 1; None: the dynamic budget.
     observation_cap: int | None = bounded(None, "[1, inf)")
+    # Agentic action turns get the routing-state header.
     routing_state: bool = True
+    # Violations are cued and retried instead of ending the episode.
     recovery: bool = False
+    # Multi workers also receive the previous worker's output (paper wording).
     multi_attach_previous: bool = False
+    # Where a forced `<mode>` goes: "user_turn" (a user turn, as the reference) or
+    # "assistant_text" (mask 0, where a free declaration would stand).
     forced_declaration: ForcedDeclaration = "user_turn"
 
     def __post_init__(self) -> None:
@@ -159,71 +176,6 @@ class ProtocolConfig:
         return self.multi_min_routes, self.multi_max_routes
 
 
-# ------------------------------------------------------------------------------- violations
-class Violation(enum.StrEnum):
-    """Every policy violation of the live path (docs/protocol.md, "Violation codes"). Terminal
-    unless recovery is on."""
-
-    # selector turn (docs/protocol.md, "Selector turn")
-    SELECTOR_MODE_MISSING = "selector_mode_missing"  # no <mode>x</mode> in the selector turn
-    SELECTOR_MODE_DUPLICATE = "selector_mode_duplicate"  # two or more declarations
-    SELECTOR_MODE_INVALID = "selector_mode_invalid"  # one declaration, value not a mode
-    ROUTE_IN_SELECTOR = "route_in_selector"  # <route in the selector turn
-    LAYER_IN_SELECTOR = "layer_in_selector"  # <layer in the selector turn
-    ACTION_IN_SELECTOR = "action_in_selector"  # <action in the selector turn
-    PARADIGM_IN_SELECTOR = "paradigm_in_selector"  # <paradigm in the selector turn
-    OBSERVATION_IN_SELECTOR = "observation_in_selector"  # <observation in the selector turn
-    ANSWER_IN_SELECTOR = "answer_in_selector"  # <answer in the selector turn
-    # single / multi action turn (docs/protocol.md, "Single/multi action turn"), in check order
-    MODE_DUPLICATE = "mode_duplicate"  # any <mode opening tag in an action turn
-    ANSWER_PREMATURE = "answer_premature"  # <answer> before the required number of calls
-    ROUTE_MISSING = "route_missing"  # no route and no <route opening at all
-    ROUTE_MALFORMED = "route_malformed"  # unclosed <route, or stray text among attributes
-    ATTR_DUPLICATE = "attr_duplicate"  # an attribute name given twice
-    ATTR_UNKNOWN = "attr_unknown"  # an attribute other than model (role, refs, id, ...)
-    ATTR_MISSING = "attr_missing"  # no model attribute, or an empty one
-    QUERY_EMPTY = "query_empty"  # empty route body
-    PLACEHOLDER = "placeholder"  # model="MODEL_ID", or a template placeholder as the task
-    ROUTE_LIMIT_EXCEEDED = "route_limit_exceeded"  # a route after the mode's last allowed call
-    UNKNOWN_MODEL = "unknown_model"  # model id not in the worker registry (aliases only)
-    WORKER_NOT_OFFERED = "worker_not_offered"  # registered id not offered to this run
-    # agentic action turn (docs/protocol.md, "Agentic action turn"): parse level
-    ACTION_MISSING = "action_missing"  # no complete route and no <route (a bare <answer> too)
-    ACTION_MALFORMED = "action_malformed"  # <route present but no complete route
-    ROLE_MISSING = "role_missing"  # a member without role (or role="")
-    MODEL_MISSING = "model_missing"  # a member without model (or an empty one)
-    INSTRUCTION_MISSING = "instruction_missing"  # a member with an empty body
-    # agentic: per member
-    ROLE_INVALID = "role_invalid"  # role not planner/executor/verifier/summarizer
-    MODEL_INVALID = "model_invalid"  # model not an offered id (exact, case-sensitive)
-    REF_UNKNOWN = "ref_unknown"  # a ref that names no completed node
-    REF_SAME_LAYER = "ref_same_layer"  # a ref to a node this very layer would create
-    SUMMARIZER_NEEDS_REFS = "summarizer_needs_refs"  # summarizer with refs="" once nodes exist
-    VERIFIER_NEEDS_REFS = "verifier_needs_refs"  # verifier with refs="" (always)
-    ALREADY_FINISHED = "already_finished"  # any route after the summarizer ran
-    # agentic: whole layer
-    LAYER_EXCEEDS_BUDGET = "layer_exceeds_budget"  # more members than calls remaining
-    MUST_SUMMARIZE_NOW = "must_summarize_now"  # no summarizer, and no slot would be left for it
-    SUMMARIZER_NOT_ALONE = "summarizer_not_alone"  # summarizer with siblings in its layer
-    DUPLICATE_IN_LAYER = "duplicate_in_layer"  # two members with equal (role, model, task)
-
-
-# The enum is declared surface by surface, so the surfaces are slices of it.
-SELECTOR_VIOLATIONS: tuple[Violation, ...] = tuple(list(Violation)[:9])
-SINGLE_MULTI_VIOLATIONS: tuple[Violation, ...] = tuple(list(Violation)[9:21])
-AGENTIC_VIOLATIONS: tuple[Violation, ...] = tuple(list(Violation)[21:])
-
-
-class Notice(enum.StrEnum):
-    """Non-terminal records (docs/protocol.md, "How an episode ends"); they never end an
-    episode or cost reward by themselves."""
-
-    FABRICATED_OBSERVATION_BLOCKED = "fabricated_observation_blocked"  # policy wrote <observation
-    RULES_BUDGET_EXHAUSTED = "rules_budget_exhausted"  # rulebook did not fit the window
-    OBS_BUDGET_EXHAUSTED = "obs_budget_exhausted"  # observation budget 0: the episode stops
-    WORKER_SPAN_EXTRACTION_FAILED = "worker_span_extraction_failed"  # (worker exploration only)
-
-
 # ----------------------------------------------------------------------------- parse results
 @dataclasses.dataclass(frozen=True)
 class Rejected:
@@ -242,7 +194,7 @@ class Rejected:
         return self.codes[0]
 
 
-def _reject(code: Violation) -> Rejected:
+def reject(code: Violation) -> Rejected:
     return Rejected((code,))
 
 
@@ -279,7 +231,7 @@ _SELECTOR_FORBIDDEN: tuple[tuple[re.Pattern[str], Violation], ...] = tuple(
         ("action", Violation.ACTION_IN_SELECTOR), ("paradigm", Violation.PARADIGM_IN_SELECTOR),
         ("observation", Violation.OBSERVATION_IN_SELECTOR),
         ("answer", Violation.ANSWER_IN_SELECTOR)))
-_MODE_OPEN_RE = re.compile(r"<mode\b", _I)
+MODE_OPEN_RE = re.compile(r"<mode\b", _I)
 _ROUTE_OPEN_RE = re.compile(r"<route\b", _I)
 _ROUTE_RE = re.compile(r"<route\b([^>]*)>(.*?)</route\s*>", _IS)
 # Strict scanner for single/multi attributes: name = "v" or name = 'v', nothing else.
@@ -340,25 +292,25 @@ def parse_route(text: str) -> RouteAction | Rejected:
     match = _ROUTE_RE.search(text)
     if match is None:
         opened = _ROUTE_OPEN_RE.search(text) is not None
-        return _reject(Violation.ROUTE_MALFORMED if opened else Violation.ROUTE_MISSING)
+        return reject(Violation.ROUTE_MALFORMED if opened else Violation.ROUTE_MISSING)
     pairs = _scan_attributes(match[1])
     if pairs is None:
-        return _reject(Violation.ROUTE_MALFORMED)
+        return reject(Violation.ROUTE_MALFORMED)
     names = [name for name, _ in pairs]
     if len(set(names)) != len(names):
-        return _reject(Violation.ATTR_DUPLICATE)
+        return reject(Violation.ATTR_DUPLICATE)
     if any(name != "model" for name in names):
-        return _reject(Violation.ATTR_UNKNOWN)
+        return reject(Violation.ATTR_UNKNOWN)
     model = dict(pairs).get("model", "").strip().lower()
     if not model:
-        return _reject(Violation.ATTR_MISSING)
+        return reject(Violation.ATTR_MISSING)
     if model in MODEL_PLACEHOLDERS:
-        return _reject(Violation.PLACEHOLDER)
+        return reject(Violation.PLACEHOLDER)
     task = match[2].strip()
     if not task:
-        return _reject(Violation.QUERY_EMPTY)
+        return reject(Violation.QUERY_EMPTY)
     if task.lower() in TASK_PLACEHOLDERS:
-        return _reject(Violation.PLACEHOLDER)
+        return reject(Violation.PLACEHOLDER)
     return RouteAction(model=model, task=task)
 
 
@@ -367,7 +319,7 @@ def split_refs(value: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in value.replace(";", ",").split(",") if item.strip())
 
 
-def _parse_layer_members(text: str) -> tuple[tuple[AgenticRoute, ...], tuple[Violation, ...]]:
+def parse_layer_members(text: str) -> tuple[tuple[AgenticRoute, ...], tuple[Violation, ...]]:
     """Members of an agentic turn that parse, and the parse-level codes of the others."""
     matches = list(_LAYER_ROUTE_RE.finditer(text))
     if not matches:
@@ -396,311 +348,8 @@ def _parse_layer_members(text: str) -> tuple[tuple[AgenticRoute, ...], tuple[Vio
 def parse_layer(text: str) -> tuple[AgenticRoute, ...] | Rejected:
     """Every `<route …>…</route>` of an agentic turn, as one layer (parse-level checks only;
     `validate_layer` applies the episode rules)."""
-    routes, errors = _parse_layer_members(text)
+    routes, errors = parse_layer_members(text)
     return Rejected(errors) if errors else routes
-
-
-# ----------------------------------------------------------------------------- episode state
-@dataclasses.dataclass(frozen=True)
-class PlannedCall:
-    """A worker call the runner must make. `node_id` is `n{k}`, numbered across the episode in
-    route order; `layer` is 1-based. `role` is None and `refs` empty in single/multi."""
-
-    worker: str
-    task: str
-    node_id: str
-    layer: int
-    role: Role | None = None
-    refs: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Node:
-    """A completed call (every mode). `output` is what refs splice in and what the router sees:
-    execution verdict (if any) + the worker's reply, "" when the call failed."""
-
-    id: str
-    layer: int
-    model: str
-    instruction: str
-    role: Role | None = None
-    refs: tuple[str, ...] = ()
-    output: str = ""
-    success: bool = True
-    candidate_answer: str | None = None
-    execution_verdict: str | None = None
-
-    @classmethod
-    def from_call(cls, call: PlannedCall, output: str, *, success: bool = True,
-                  candidate_answer: str | None = None,
-                  execution_verdict: str | None = None) -> Node:
-        return cls(id=call.node_id, layer=call.layer, model=call.worker, instruction=call.task,
-                   role=call.role, refs=call.refs, output=output, success=success,
-                   candidate_answer=candidate_answer, execution_verdict=execution_verdict)
-
-
-@dataclasses.dataclass(frozen=True)
-class RoutingState:
-    """What the protocol knows of an episode; owned by the runner, advanced with the `record_*`
-    functions. `policy_invalid` is the violation that ended the episode (None otherwise);
-    `violations` lists every recorded code (more than one only with recovery on)."""
-
-    mode: Mode | None = None
-    forced: bool = False
-    selector_attempts: int = 0
-    action_turns: int = 0
-    nodes: tuple[Node, ...] = ()
-    answer: str | None = None
-    policy_invalid: Violation | None = None
-    violations: tuple[Violation, ...] = ()
-    notices: tuple[Notice, ...] = ()
-
-    @property
-    def calls_used(self) -> int:
-        return len(self.nodes)
-
-    @property
-    def layers_done(self) -> int:
-        return max((node.layer for node in self.nodes), default=0)
-
-    @property
-    def completed_ids(self) -> tuple[str, ...]:
-        return tuple(node.id for node in self.nodes)
-
-    @property
-    def summarizer_done(self) -> bool:
-        return any(node.role == Role.SUMMARIZER for node in self.nodes)
-
-    def calls_remaining(self, config: ProtocolConfig) -> int:
-        """Agentic calls still allowed (the summarizer's reserved slot included)."""
-        return max(0, config.max_workers - self.calls_used)
-
-    def node(self, node_id: str) -> Node:
-        for node in self.nodes:
-            if node.id == node_id:
-                return node
-        raise KeyError(f"RoutingState: no completed node {node_id!r}; have "
-                       f"{list(self.completed_ids)}")
-
-
-# ------------------------------------------------------------------------------ turn results
-@dataclasses.dataclass(frozen=True)
-class Dispatch:
-    """Run these calls (concurrently in agentic), then frame their observations."""
-
-    calls: tuple[PlannedCall, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class AnswerAccepted:
-    answer: str
-
-
-Decision = ModeDeclared | Dispatch | AnswerAccepted | Rejected
-
-
-@dataclasses.dataclass(frozen=True)
-class TurnOutcome:
-    """What to do after a router turn, plus the turn's non-terminal records."""
-
-    decision: Decision
-    notices: tuple[Notice, ...] = ()
-
-
-def _notices(text: str) -> tuple[Notice, ...]:
-    return (Notice.FABRICATED_OBSERVATION_BLOCKED,) if has_fabricated_observation(text) else ()
-
-
-# ----------------------------------------------------------------------------- turn handlers
-def handle_selector_turn(text: str) -> TurnOutcome:
-    """Turn 1 of a free episode: a mode declaration, or a rejection (docs/protocol.md,
-    "Selector turn")."""
-    return TurnOutcome(parse_mode_declaration(text), _notices(text))
-
-
-def handle_single_multi_turn(text: str, state: RoutingState, offered: Sequence[str],
-                             config: ProtocolConfig, registry: Sequence[str] | None = None
-                             ) -> TurnOutcome:
-    """One single/multi action turn, checked in the reference's order (docs/protocol.md,
-    "Single/multi action turn"): `<mode` →
-    when no route parses, an answer (accepted once the mode's required calls ran, else
-    premature), else the parse error → call limit → registry (`unknown_model`; `registry`
-    defaults to `offered`) → offered list.
-    """
-    if state.mode not in (Mode.SINGLE, Mode.MULTI):
-        raise ValueError(f"handle_single_multi_turn: state.mode={state.mode!r} is not single "
-                         "or multi")
-    notices = _notices(text)
-    if _MODE_OPEN_RE.search(text):
-        return TurnOutcome(_reject(Violation.MODE_DUPLICATE), notices)
-    required, limit = config.route_bounds(state.mode)
-    route = parse_route(text)
-    if isinstance(route, Rejected):
-        answer = parse_answer(text)
-        if answer is None:
-            return TurnOutcome(route, notices)
-        if state.calls_used >= required:
-            return TurnOutcome(AnswerAccepted(answer), notices)
-        return TurnOutcome(_reject(Violation.ANSWER_PREMATURE), notices)
-    if state.calls_used >= limit:
-        return TurnOutcome(_reject(Violation.ROUTE_LIMIT_EXCEEDED), notices)
-    known = {worker.lower() for worker in (offered if registry is None else registry)}
-    if route.model not in known:
-        return TurnOutcome(_reject(Violation.UNKNOWN_MODEL), notices)
-    offered_by_key = {worker.lower(): worker for worker in offered}
-    if route.model not in offered_by_key:
-        return TurnOutcome(_reject(Violation.WORKER_NOT_OFFERED), notices)
-    call = PlannedCall(worker=offered_by_key[route.model], task=route.task,
-                       node_id=f"n{state.calls_used + 1}", layer=state.layers_done + 1)
-    return TurnOutcome(Dispatch((call,)), notices)
-
-
-def _member_violations(route: AgenticRoute, state: RoutingState, offered: Sequence[str],
-                       layer_ids: frozenset[str]) -> set[Violation]:
-    if state.summarizer_done:
-        return {Violation.ALREADY_FINISHED}
-    codes = set()
-    if route.role not in ROLES:
-        codes.add(Violation.ROLE_INVALID)
-    if route.model not in offered:
-        codes.add(Violation.MODEL_INVALID)
-    completed = set(state.completed_ids)
-    for ref in route.refs:
-        if ref in layer_ids:
-            codes.add(Violation.REF_SAME_LAYER)
-        elif ref not in completed:
-            codes.add(Violation.REF_UNKNOWN)
-    if route.role == Role.SUMMARIZER and not route.refs and state.nodes:
-        codes.add(Violation.SUMMARIZER_NEEDS_REFS)
-    if route.role == Role.VERIFIER and not route.refs:
-        codes.add(Violation.VERIFIER_NEEDS_REFS)
-    return codes
-
-
-def validate_layer(routes: Sequence[AgenticRoute], state: RoutingState, offered: Sequence[str],
-                   config: ProtocolConfig) -> tuple[Violation, ...]:
-    """Sorted codes of a parsed layer against the episode so far; empty means legal
-    (docs/protocol.md, "Agentic action turn").
-    The layer is accepted or refused as a unit."""
-    used = state.calls_used
-    layer_ids = frozenset(f"n{used + i + 1}" for i in range(len(routes)))
-    codes: set[Violation] = set()
-    for route in routes:
-        codes |= _member_violations(route, state, offered, layer_ids)
-    remaining = state.calls_remaining(config)
-    has_summarizer = any(route.role == Role.SUMMARIZER for route in routes)
-    if len(routes) > remaining:
-        codes.add(Violation.LAYER_EXCEEDS_BUDGET)
-    if not has_summarizer and remaining - len(routes) < 1:
-        codes.add(Violation.MUST_SUMMARIZE_NOW)  # the last slot belongs to the summarizer
-    if has_summarizer and len(routes) > 1:
-        codes.add(Violation.SUMMARIZER_NOT_ALONE)
-    if len({(r.role, r.model, r.instruction) for r in routes}) < len(routes):
-        codes.add(Violation.DUPLICATE_IN_LAYER)
-    return tuple(sorted(codes))
-
-
-def plan_layer(routes: Sequence[AgenticRoute], state: RoutingState) -> tuple[PlannedCall, ...]:
-    """Calls of a validated layer, node ids continuing the episode's numbering."""
-    layer = state.layers_done + 1
-    return tuple(PlannedCall(worker=route.model, task=route.instruction,
-                             node_id=f"n{state.calls_used + i + 1}", layer=layer,
-                             role=Role(route.role), refs=route.refs)
-                 for i, route in enumerate(routes))
-
-
-def handle_agentic_turn(text: str, state: RoutingState, offered: Sequence[str],
-                        config: ProtocolConfig) -> TurnOutcome:
-    """One agentic action turn (docs/protocol.md, "Agentic action turn"): parse + validate the
-    layer; on any code, accept the turn's `<answer>` if the summarizer already ran (the normal
-    finish: a bare answer parses as `action_missing`), else reject with the sorted codes;
-    otherwise dispatch the layer."""
-    if state.mode != Mode.AGENTIC:
-        raise ValueError(f"handle_agentic_turn: state.mode={state.mode!r} is not agentic")
-    notices = _notices(text)
-    routes, errors = _parse_layer_members(text)
-    codes = set(errors)
-    if routes:
-        codes |= set(validate_layer(routes, state, offered, config))
-    if codes:
-        answer = parse_answer(text)
-        if answer is not None and state.summarizer_done:
-            return TurnOutcome(AnswerAccepted(answer), notices)
-        return TurnOutcome(Rejected(tuple(codes)), notices)
-    return TurnOutcome(Dispatch(plan_layer(routes, state)), notices)
-
-
-def handle_action_turn(text: str, state: RoutingState, offered: Sequence[str],
-                       config: ProtocolConfig, registry: Sequence[str] | None = None
-                       ) -> TurnOutcome:
-    """`handle_agentic_turn` or `handle_single_multi_turn`, by `state.mode`."""
-    if state.mode == Mode.AGENTIC:
-        return handle_agentic_turn(text, state, offered, config)
-    return handle_single_multi_turn(text, state, offered, config, registry)
-
-
-def resolve_refs(call: PlannedCall, state: RoutingState) -> tuple[Node, ...]:
-    """The completed nodes a call references, in the order the router listed them; resolved
-    against completed layers before any member of the new layer runs."""
-    return tuple(state.node(ref) for ref in call.refs)
-
-
-# ------------------------------------------------------------------------- state transitions
-def _with_records(state: RoutingState, outcome: TurnOutcome, config: ProtocolConfig,
-                  exhausted: bool) -> RoutingState:
-    state = dataclasses.replace(state, notices=state.notices + outcome.notices)
-    decision = outcome.decision
-    if isinstance(decision, Rejected):
-        ends = exhausted or not config.recovery
-        state = dataclasses.replace(state, violations=(*state.violations, decision.code),
-                                    policy_invalid=decision.code if ends else None)
-    elif isinstance(decision, AnswerAccepted):
-        state = dataclasses.replace(state, answer=decision.answer)
-    return state
-
-
-def declare_forced_mode(state: RoutingState, mode: Mode) -> RoutingState:
-    """The forced arm: the environment declares `mode` (no selector turn)."""
-    return dataclasses.replace(state, mode=Mode(mode), forced=True)
-
-
-def record_selector_turn(state: RoutingState, outcome: TurnOutcome,
-                         config: ProtocolConfig) -> RoutingState:
-    """Count a selector attempt; set the mode, or record the violation (terminal without
-    recovery, or when the recovery retry is used up)."""
-    attempts = state.selector_attempts + 1
-    state = dataclasses.replace(state, selector_attempts=attempts)
-    if isinstance(outcome.decision, ModeDeclared):
-        state = dataclasses.replace(state, mode=outcome.decision.mode)
-    return _with_records(state, outcome, config, attempts >= config.selector_attempts)
-
-
-def record_action_turn(state: RoutingState, outcome: TurnOutcome,
-                       config: ProtocolConfig) -> RoutingState:
-    """Count an action turn; record its answer or violation. Dispatched calls are added with
-    `record_calls` once they return."""
-    state = dataclasses.replace(state, action_turns=state.action_turns + 1)
-    return _with_records(state, outcome, config, exhausted=False)
-
-
-def record_calls(state: RoutingState, nodes: Sequence[Node]) -> RoutingState:
-    """Append the completed nodes of one dispatched turn (in call order)."""
-    return dataclasses.replace(state, nodes=state.nodes + tuple(nodes))
-
-
-def record_notice(state: RoutingState, notice: Notice) -> RoutingState:
-    return dataclasses.replace(state, notices=(*state.notices, notice))
-
-
-def episode_over(state: RoutingState, config: ProtocolConfig) -> bool:
-    """True once an answer was accepted, a violation ended the episode, the selector failed
-    for good, or the action-turn limit is reached (the runner also stops on the response
-    window and `obs_budget_exhausted`)."""
-    if state.answer is not None or state.policy_invalid is not None:
-        return True
-    if state.mode is None:
-        return state.selector_attempts >= config.selector_attempts
-    return state.action_turns >= config.action_turn_limit
 
 
 # ------------------------------------------------------------------------------------ framing
@@ -733,139 +382,3 @@ def forced_declaration_text(mode: Mode, config: ProtocolConfig) -> str:
 def inline_env_text(text: str) -> str:
     """Environment text inside the assistant message (a recovery cue), set off by blank lines."""
     return "\n\n" + text + "\n\n"
-
-
-@dataclasses.dataclass(frozen=True)
-class ObservationBlock:
-    """One `<observation …>BODY</observation>`; `node_id`/`role` only in agentic mode."""
-
-    body: str
-    node_id: str | None = None
-    role: str | None = None
-
-    @property
-    def open_tag(self) -> str:
-        if self.node_id is None:
-            return "<observation>"
-        return f'<observation id="{self.node_id}" role="{self.role}">'
-
-    @property
-    def text(self) -> str:
-        return self.open_tag + self.body + OBSERVATION_CLOSE
-
-
-@dataclasses.dataclass(frozen=True)
-class ObservationText:
-    """The env text of one observation turn: separators (`str`) and blocks, in order."""
-
-    parts: tuple[str | ObservationBlock, ...]
-
-    @property
-    def text(self) -> str:
-        return "".join(p if isinstance(p, str) else p.text for p in self.parts)
-
-    @property
-    def blocks(self) -> tuple[ObservationBlock, ...]:
-        return tuple(p for p in self.parts if isinstance(p, ObservationBlock))
-
-
-def single_multi_observation(body: str) -> ObservationText:
-    """`"\\n\\n<observation>" + BODY + "</observation>\\n\\n"`, BODY stripped ("" on failure)."""
-    return ObservationText(("\n\n", ObservationBlock(body.strip()), "\n\n"))
-
-
-def agentic_observation(nodes: Sequence[Node]) -> ObservationText:
-    """One `<observation id="nK" role="ROLE">` block per node of the layer, joined by a blank
-    line, the whole wrapped in a leading and a trailing `\\n`."""
-    parts: list[str | ObservationBlock] = ["\n"]
-    for i, node in enumerate(nodes):
-        if i:
-            parts.append("\n\n")
-        parts.append(ObservationBlock(node.output.strip(), node.id, str(node.role)))
-    parts.append("\n")
-    return ObservationText(tuple(parts))
-
-
-def frame_observation(mode: Mode, nodes: Sequence[Node]) -> ObservationText:
-    """The observation turn for the nodes one dispatched turn produced, framed for `mode`."""
-    if mode == Mode.AGENTIC:
-        return agentic_observation(nodes)
-    (node,) = nodes
-    return single_multi_observation(node.output)
-
-
-# ------------------------------------------------------------------------ observation budget
-def turn_observation_budget(used_tokens: int, config: ProtocolConfig) -> int:
-    """Tokens the next observation turn may take: `clamp(response_length - used - reserve,
-    0, cap)` (dynamic, reference), or the fixed `observation_cap`. 0 means
-    `obs_budget_exhausted`."""
-    if config.observation_cap is not None:
-        return config.observation_cap
-    free = config.response_length - used_tokens - config.obs_reserve
-    return max(0, min(config.obs_budget_cap, free))
-
-
-def observation_share(turn_budget: int, n_blocks: int, mode: Mode,
-                      config: ProtocolConfig) -> int:
-    """Per-block budget: single/multi get the whole turn budget; an agentic layer splits it,
-    `max(obs_min_per_obs, turn_budget // n_blocks)` (so a wide layer may exceed the turn
-    budget)."""
-    if mode != Mode.AGENTIC:
-        return turn_budget
-    return max(config.obs_min_per_obs, turn_budget // max(1, n_blocks))
-
-
-@dataclasses.dataclass(frozen=True)
-class ObservationIds:
-    """Token ids of an observation turn and its truncation stats (per-row stats;
-    docs/protocol.md, "Observations")."""
-
-    ids: list[int]
-    blocks: int
-    truncated: int
-    dropped_tokens: int
-
-
-def truncate_block_ids(block: ObservationBlock, budget: int, encode: Encode,
-                       tail_fraction: float = 0.5) -> tuple[list[int], bool, int]:
-    """`(ids, truncated, dropped_body_tokens)` of one block within `budget` tokens.
-
-    A block that fits is encoded whole. Otherwise the tags are kept and the body becomes
-    head + `OBS_TRUNCATION_MARKER` + tail, the tail taking `tail_fraction` of
-    `budget - tags - marker`; when that leaves no room, the tags are emitted balanced around
-    an empty body (even if they alone exceed `budget`).
-    """
-    whole = list(encode(block.text))
-    if len(whole) <= budget:
-        return whole, False, 0
-    open_ids, close_ids = list(encode(block.open_tag)), list(encode(OBSERVATION_CLOSE))
-    body_ids = list(encode(block.body))
-    if len(open_ids) + len(body_ids) + len(close_ids) <= budget:
-        return open_ids + body_ids + close_ids, False, 0  # fits once encoded piecewise
-    marker_ids = list(encode(OBS_TRUNCATION_MARKER))
-    room = budget - len(open_ids) - len(close_ids) - len(marker_ids)
-    if room <= 0:
-        return open_ids + close_ids, bool(body_ids), len(body_ids)
-    tail = int(room * tail_fraction)
-    head = room - tail
-    tail_ids = body_ids[len(body_ids) - tail:] if tail else []
-    return open_ids + body_ids[:head] + marker_ids + tail_ids + close_ids, True, \
-        len(body_ids) - room
-
-
-def observation_ids(observation: ObservationText, share: int, encode: Encode,
-                    config: ProtocolConfig) -> ObservationIds:
-    """Token ids of an observation turn: each block cut to `share` tokens on its own,
-    separators encoded whole."""
-    ids: list[int] = []
-    truncated = dropped = 0
-    for part in observation.parts:
-        if isinstance(part, str):
-            ids += encode(part)
-            continue
-        block_ids, was_cut, block_dropped = truncate_block_ids(part, share, encode,
-                                                               config.obs_tail_fraction)
-        ids += block_ids
-        truncated += was_cut
-        dropped += block_dropped
-    return ObservationIds(ids, len(observation.blocks), truncated, dropped)

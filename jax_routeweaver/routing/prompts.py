@@ -23,17 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jax_routeweaver.routing.calls import WorkerPool
-from jax_routeweaver.routing.grammar import (
-    MODES,
-    Mode,
-    Node,
-    PlannedCall,
-    ProtocolConfig,
-    Role,
-    RoutingState,
-    Violation,
-    resolve_refs,
-)
+from jax_routeweaver.routing.grammar import MODES, Mode, ProtocolConfig, Role
+from jax_routeweaver.routing.turns import Node, PlannedCall, RoutingState, resolve_refs
+from jax_routeweaver.routing.violations import Violation
 
 WorkerEntry = tuple[str, str]  # (anonymous id, capability description)
 

@@ -74,18 +74,31 @@ class RouterR1Config:
     `worker_max_tokens`, `worker_top_p`, `worker_seed`, at most `worker_concurrency` at once.
     """
 
+    # Routed generations per episode before the final, never-routed one; int >= 1.
     max_turns: int = 4
+    # The prompt keeps its last N tokens; int >= 1.
     start_max_tokens: int = 2048
+    # The rolling context keeps its last N tokens; int >= 1.
     context_max_tokens: int = 4096
+    # The trajectory keeps its first N tokens (episode ends there); int >= 1.
     trajectory_max_tokens: int = 4096
+    # Generation cap of each turn, tokens; int >= 1.
     per_turn_max_tokens: int = 1024
+    # An observation keeps its first N tokens; int >= 1.
     obs_max_tokens: int = 600
+    # Training sampling temperature of the policy, >= 0 (validation is greedy).
     train_temperature: float = 1.0
+    # Training nucleus top-p of the policy, in (0, 1].
     train_top_p: float = 0.95
+    # Chat prompt template: "qwen" or "llama".
     prompt_variant: PromptVariant = "qwen"
+    # Tokens a worker call may generate; int >= 1.
     worker_max_tokens: int = 512
+    # Nucleus top-p of worker calls, in (0, 1].
     worker_top_p: float = 1.0
+    # Sampling seed of worker calls; any int.
     worker_seed: int = 42
+    # Worker calls in flight at once; int >= 1.
     worker_concurrency: int = 10
 
     def __post_init__(self) -> None:

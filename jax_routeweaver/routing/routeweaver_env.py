@@ -1,4 +1,5 @@
-"""RouteWeaver as an `episode.Env`: the protocol of `grammar.py` and `prompts.py`, turn by turn.
+"""RouteWeaver as an `episode.Env`: the protocol of `grammar.py`, `turns.py`, `observations.py`
+and `prompts.py`, turn by turn.
 
 Per episode: selector turn (or the forced declaration), the mode's rulebook as a user turn, then
 action turns until an answer, a violation (terminal unless recovery is on), the turn limit, the
@@ -19,7 +20,10 @@ from jax_routeweaver.data.records import Record
 from jax_routeweaver.rewards.feedback import aexecution_verdict
 from jax_routeweaver.rewards.sandbox import IsolationUnavailable, Sandbox
 from jax_routeweaver.routing import grammar as g
+from jax_routeweaver.routing import observations as ob
 from jax_routeweaver.routing import prompts
+from jax_routeweaver.routing import turns as tr
+from jax_routeweaver.routing import violations as vi
 from jax_routeweaver.routing.answers import extract_answer
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
 from jax_routeweaver.routing.episode import CallRequest, EnvFactory, Step, Trajectory, Turn
@@ -70,14 +74,24 @@ class EnvConfig:
     pool does not know `unknown_model` (docs/protocol.md, "Single/multi action turn", checks
     5-6)."""
 
+    # The protocol's numbers and options (turn, route and token limits; `grammar.ProtocolConfig`).
     protocol: g.ProtocolConfig = dataclasses.field(default_factory=g.ProtocolConfig)
+    # Router decoding; stops and max tokens are set per turn, `max_new_tokens` caps an action
+    # turn (tokens, >= 1).
     sampling: SamplingParams = TRAIN_SAMPLING
+    # Constrain action turns with the grammar.
     constrained: bool = False
+    # With `constrained`: the answer must be one of the workers' candidate answers so far.
     answer_choices: bool = False
+    # With `constrained`: the fixed task text of every route; "" = free text.
     task_text: str = ""
+    # Mode rulebook shown to the router: "reference" or "compact".
     rulebook: Literal["reference", "compact"] = "reference"
+    # Run agentic executors' code / python and prepend the verdict to their observation.
     execution_feedback: bool = True
+    # Where execution feedback runs; None = the default sandbox (`rewards.feedback`).
     sandbox: Sandbox | None = None
+    # Worker ids this run offers (catalog, grammar); () = every worker of the pool.
     offered: tuple[str, ...] = ()
 
 
@@ -104,11 +118,11 @@ class RouteWeaverEnv:
         self.record = record
         self.cfg = config
         self.pc = config.protocol
-        self.state = g.RoutingState()
+        self.state = tr.RoutingState()
         self.forced_mode = forced_mode
         self.eos = tuple(config.sampling.stop_token_ids) or (tokenizer.eos_token_id,)
-        self._pending: tuple[g.PlannedCall, ...] = ()
-        self._before: g.RoutingState = self.state
+        self._pending: tuple[tr.PlannedCall, ...] = ()
+        self._before: tr.RoutingState = self.state
         # Rulebook ids by mode: the same text in every episode of a run, so shared.
         self._rulebooks = rulebooks if rulebooks is not None else {}
         self._verdicts: dict[str, str] = {}  # node id -> execution feedback verdict
@@ -118,7 +132,7 @@ class RouteWeaverEnv:
     def start(self, traj: Trajectory) -> list[int]:
         if self.forced_mode is None:
             return []
-        self.state = g.declare_forced_mode(self.state, g.Mode(self.forced_mode))
+        self.state = tr.declare_forced_mode(self.state, g.Mode(self.forced_mode))
         ids = self._encode(g.forced_declaration_text(self.state.mode, self.pc))
         traj.forced, traj.mode, traj.mode_span_end = True, str(self.state.mode), len(ids)
         return ids + self._after_mode(traj, len(ids))
@@ -147,8 +161,8 @@ class RouteWeaverEnv:
         keep = len(completion.token_ids)
         text = self.tok.decode(completion.token_ids, skip_special_tokens=True)
         if self.state.mode is None:
-            outcome = g.handle_selector_turn(text)
-            self.state = g.record_selector_turn(self.state, outcome, self.pc)
+            outcome = tr.handle_selector_turn(text)
+            self.state = tr.record_selector_turn(self.state, outcome, self.pc)
             if isinstance(outcome.decision, g.ModeDeclared):
                 end = len(traj.response_ids) + keep
                 traj.mode, traj.mode_span_end = str(self.state.mode), end
@@ -157,13 +171,13 @@ class RouteWeaverEnv:
             if not self._over(traj):  # recovery: one retry with the cue
                 return Step(keep, self._encode(g.chat_delta(prompts.SELECTOR_RETRY_CUE)))
             return Step(keep)
-        outcome = g.handle_action_turn(text, self.state, self.offered, self.pc, self.registry)
+        outcome = tr.handle_action_turn(text, self.state, self.offered, self.pc, self.registry)
         self._before = self.state
-        self.state = g.record_action_turn(self.state, outcome, self.pc)
+        self.state = tr.record_action_turn(self.state, outcome, self.pc)
         decision = outcome.decision
-        if isinstance(decision, g.AnswerAccepted):
+        if isinstance(decision, tr.AnswerAccepted):
             traj.final_turn = text
-        if isinstance(decision, g.Dispatch):
+        if isinstance(decision, tr.Dispatch):
             return self._dispatch(traj, keep, decision.calls)
         if isinstance(decision, g.Rejected) and not self._over(traj):
             cue = g.inline_env_text(prompts.violation_cue(decision.code))
@@ -198,19 +212,19 @@ class RouteWeaverEnv:
 
     def observe(self, traj: Trajectory, calls: Sequence[WorkerCall]) -> list[int]:
         nodes = [self._node(p, c) for p, c in zip(self._pending, calls, strict=True)]
-        self.state = g.record_calls(self.state, nodes)
+        self.state = tr.record_calls(self.state, nodes)
         for node in nodes:
             if node.role == g.Role.SUMMARIZER:
                 traj.summarizer_answer = node.candidate_answer
-        budget = g.turn_observation_budget(len(traj.response_ids), self.pc)
+        budget = ob.turn_observation_budget(len(traj.response_ids), self.pc)
         if budget <= 0:
-            self.state = g.record_notice(self.state, g.Notice.OBS_BUDGET_EXHAUSTED)
+            self.state = tr.record_notice(self.state, vi.Notice.OBS_BUDGET_EXHAUSTED)
             self._sync(traj)
             traj.finish = "obs_budget_exhausted"
             return []
-        share = g.observation_share(budget, len(nodes), self.state.mode, self.pc)
-        framed = g.observation_ids(g.frame_observation(self.state.mode, nodes), share,
-                                   self._encode, self.pc)
+        share = ob.observation_share(budget, len(nodes), self.state.mode, self.pc)
+        framed = ob.observation_ids(ob.frame_observation(self.state.mode, nodes), share,
+                                    self._encode, self.pc)
         traj.obs_blocks += framed.blocks
         traj.obs_truncated += framed.truncated
         obs = list(framed.ids)
@@ -234,21 +248,21 @@ class RouteWeaverEnv:
             self._rulebooks[mode] = self._encode(g.chat_delta(text))
         rulebook = self._rulebooks[mode]
         if len(traj.response_ids) + used + len(rulebook) >= self.pc.response_length:
-            self.state = g.record_notice(self.state, g.Notice.RULES_BUDGET_EXHAUSTED)
+            self.state = tr.record_notice(self.state, vi.Notice.RULES_BUDGET_EXHAUSTED)
             return []
         return rulebook + self._header(traj, used + len(rulebook))
 
     def _header(self, traj: Trajectory, pending: int) -> list[int]:
         """The agentic routing-state header before the next action turn (if it fits)."""
         if self.state.mode != g.Mode.AGENTIC or not self.pc.routing_state \
-                or g.episode_over(self.state, self.pc):
+                or tr.episode_over(self.state, self.pc):
             return []
         ids = self._encode(g.chat_delta(prompts.routing_state_header(self.state, self.pc)))
         if len(traj.response_ids) + pending + len(ids) >= self.pc.response_length:
             return []
         return ids
 
-    def _dispatch(self, traj: Trajectory, keep: int, calls: Sequence[g.PlannedCall]) -> Step:
+    def _dispatch(self, traj: Trajectory, keep: int, calls: Sequence[tr.PlannedCall]) -> Step:
         """The calls of an accepted turn, or (a payload failing its hygiene check;
         docs/protocol.md, "What a worker receives") the end of the episode as a
         ``wrapper_error`` without any call."""
@@ -266,18 +280,18 @@ class RouteWeaverEnv:
         traj.max_layer_width = max(traj.max_layer_width, len(calls))
         return Step(keep, calls=requests)
 
-    def _request(self, call: g.PlannedCall) -> CallRequest:
+    def _request(self, call: tr.PlannedCall) -> CallRequest:
         payload = prompts.checked_worker_payload(call, self.record.question, self._before,
                                                  self.pc)
         return CallRequest(call.worker, payload, self.pc.worker_max_tokens,
                            None if call.role is None else str(call.role), call.node_id)
 
-    def _node(self, planned: g.PlannedCall, call: WorkerCall) -> g.Node:
+    def _node(self, planned: tr.PlannedCall, call: WorkerCall) -> tr.Node:
         text = call.text if call.success else ""
         verdict = self._verdicts.get(planned.node_id)
         output = text if verdict is None else f"{verdict}\n{text}"
-        return g.Node.from_call(planned, output, success=call.success,
-                                candidate_answer=extract_answer(text), execution_verdict=verdict)
+        return tr.Node.from_call(planned, output, success=call.success,
+                                 candidate_answer=extract_answer(text), execution_verdict=verdict)
 
     def _sync(self, traj: Trajectory) -> None:
         traj.violation = None if self.state.policy_invalid is None \
@@ -292,7 +306,7 @@ class RouteWeaverEnv:
         self._sync(traj)
         if traj.finish is not None:
             return True
-        if g.episode_over(self.state, self.pc):
+        if tr.episode_over(self.state, self.pc):
             traj.finish = ("answer" if self.state.answer is not None else "violation"
                            if self.state.policy_invalid is not None else "turn_limit")
         elif len(traj.response_ids) >= self.pc.response_length:
@@ -337,7 +351,7 @@ def answer_candidates(calls: Sequence[WorkerCall], max_chars: int = 32) -> list[
     return out
 
 
-def action_grammar(state: g.RoutingState, offered: Sequence[str],
+def action_grammar(state: tr.RoutingState, offered: Sequence[str],
                    config: g.ProtocolConfig, answers: Sequence[str] | None = None, *,
                    task_text: str = "") -> Grammar:
     """A grammar admitting only actions the protocol accepts in `state`. `answers`: if
@@ -389,7 +403,7 @@ def action_grammar(state: g.RoutingState, offered: Sequence[str],
     return Grammar("\n".join(rules), end_with_stop_token=True)
 
 
-def _agentic_members(state: g.RoutingState, config: g.ProtocolConfig
+def _agentic_members(state: tr.RoutingState, config: g.ProtocolConfig
                      ) -> list[tuple[tuple[str, ...], str]]:
     """(roles, refs) of the routes an agentic layer may hold now; refs "none" (empty),
     "some" (one or more completed nodes) or "any" (either). Planner and executor while more
@@ -405,7 +419,7 @@ def _agentic_members(state: g.RoutingState, config: g.ProtocolConfig
     return members
 
 
-def _finite_actions(state: g.RoutingState, offered: Sequence[str], config: g.ProtocolConfig,
+def _finite_actions(state: tr.RoutingState, offered: Sequence[str], config: g.ProtocolConfig,
                     answers: Sequence[str], task_text: str) -> Grammar | None:
     """The action turn as a `Grammar.choice` over every admissible action string, or None
     when a free-text answer is admissible (no candidate answers). Same language as the text

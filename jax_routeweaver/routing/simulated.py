@@ -43,56 +43,8 @@ fresh noise. Wrong answers come from the same three sources in the same proporti
 fresh noise scatters wrong answers (majority voting helps) and shared ignorance repeats
 them (voting does not).
 
-Profiles (p correct for a plain call, easy/medium/hard; price tier of the matching reference
-worker, USD per 1M tokens in/out):
-
-| worker | tier | MATH | CODE | KNOWLEDGE | REASON | RECALL | verbosity |
-|---|---|---|---|---|---|---|---|
-| worker_1 | 0.02/0.05 | .70/.30/.06 | .60/.25/.05 | .62/.40/.22 | .65/.35/.12 | .85/.68/.48 | 0.9 |
-| worker_2 | 0.02/0.05 | .55/.20/.04 | .50/.18/.03 | .70/.50/.32 | .55/.28/.10 | .95/.82/.62 | 0.8 |
-| worker_3 | 0.10/0.30 | .97/.82/.52 | .95/.78/.45 | .65/.45/.28 | .88/.66/.40 | .50/.30/.15 | 1.2 |
-| worker_4 | 0.119/0.2 | .85/.55/.22 | .78/.45/.18 | .90/.74/.55 | .78/.55/.28 | .70/.50/.30 | 1.0 |
-| worker_5 | 0.10/0.32 | .82/.52/.20 | .80/.50/.22 | .92/.78/.58 | .86/.62/.36 | .88/.72/.52 | 1.3 |
-| worker_6 | 0.10/0.40 | .95/.78/.48 | .96/.80/.48 | .72/.52/.35 | .90/.70/.45 | .55/.35/.20 | 1.0 |
-
-Domain dynamics (`DEFAULT_DYNAMICS`): shared / persistent latent share, plan gain
-easy/medium/hard, verifiability, distraction:
-
-| domain | shared | persistent | plan gain | verifiability | distraction |
-|---|---|---|---|---|---|
-| MATH | .15 | .15 | .10/.40/.60 | .95 | 0 |
-| CODE | .15 | .15 | .10/.40/.60 | .95 | 0 |
-| KNOWLEDGE | .25 | .40 | .00/.00/.05 | .25 | .35 |
-| REASON | .15 | .15 | .30/.55/.70 | .95 | 0 |
-| RECALL | .75 | .25 | .00/.00/.00 | .20 | .45 |
-
-Distraction is what another worker's output costs where answers are facts a worker knows or
-does not: a worker whose prompt carries a plan, candidate answers or a rejection answers
-right with probability p (1 - distraction) instead of p (the plan or the other candidates
-talk it out of what it knew), and a summarizer choosing among disagreeing candidates is
-swayed to another one with that probability too. It is why, as in the paper's Figure 4
-(RECALL 96 % and KNOWLEDGE 72 % single), orchestration does not pay on RECALL and KNOWLEDGE,
-while REASON's large plan gain and checkable steps make plan -> execute -> verify pay there
-(Figure 4: REASON 99 % agentic). Both were set in issue 31 after measuring the pool's
-favourites (`routeweaver eval favourites`; bench/RESULTS.md); before, the three modes
-nearly tied on every domain but CODE.
-
-Workers are specialists: at medium difficulty a domain's best and worst worker differ by
-0.4-0.6 (as an 8B model and a frontier model do on Omni-MATH or LiveCodeBench), so which
-worker to call is worth learning: over 1,500 synthetic tasks a plain call to a uniformly
-random worker is right 0.50-0.58 of the time per domain, to the domain's best worker
-0.74-0.79. (Flatter tables, with 0.1-0.3 between workers, left a random router within 0.2
-of the best fixed strategy, too little for the CPU quickstart to show learning above its
-step-to-step noise; bench/RESULTS.md.)
-
-So, as in the paper, no mode wins everywhere: cheap workers are the best single choice for
-RECALL/KNOWLEDGE and voting cannot fix shared ignorance; three independent answers and a
-majority beat one call on noisy KNOWLEDGE/REASON items; plan -> execute -> verify ->
-summarize wins on MATH/CODE/REASON where plans and checking pay off and loses badly on
-RECALL/KNOWLEDGE (distraction); a single call is the best accuracy per dollar on easy items.
-`tests/test_simulated.py` measures these strategies (with each domain's best workers:
-accuracy single / multi / agentic about .79/.75/.91 MATH, .72/.71/.91 CODE, .75/.80/.52
-KNOWLEDGE, .68/.75/.91 REASON, .79/.76/.45 RECALL).
+The workers' skill tables and how errors behave in each domain are `simulated_profiles.py`;
+how a worker reads its prompt (role, referenced outputs, verdicts) is `simulated_prompts.py`.
 
 Usage: prompt_tokens = ceil(len(prompt) / 4) and completion_tokens = ceil(len(reply) / 4)
 (about 4 characters per token for English text with a BPE vocabulary); cost then follows
@@ -115,15 +67,30 @@ from collections.abc import Iterable, Mapping
 
 from jax_routeweaver.data.records import Domain, Record
 from jax_routeweaver.routing.calls import Usage, WorkerCall
-from jax_routeweaver.routing.synthetic_tasks import LEVELS, normalize_ws
+from jax_routeweaver.routing.simulated_profiles import (
+    DEFAULT_DYNAMICS,
+    DEFAULT_PROFILES,
+    DomainDynamics,
+    WorkerProfile,
+    level_index,
+)
+from jax_routeweaver.routing.simulated_prompts import (
+    ANSWER_TAG,
+    EXEC_FAIL,
+    EXEC_PASS,
+    FENCE,
+    LOCATION,
+    Block,
+    Candidate,
+    detect_role,
+    split_blocks,
+    verdict,
+)
+from jax_routeweaver.routing.synthetic_tasks import normalize_ws
 
 __all__ = [
     "CHARS_PER_TOKEN",
-    "DEFAULT_DYNAMICS",
-    "DEFAULT_PROFILES",
-    "DomainDynamics",
     "SimulatedWorkerPool",
-    "WorkerProfile",
     "estimate_tokens",
 ]
 
@@ -161,189 +128,6 @@ def _norm_answer(text: str) -> str:
 
 def _norm_program(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines() if line.strip())
-
-
-# ============================================================================ profiles
-@dataclasses.dataclass(frozen=True)
-class WorkerProfile:
-    """One simulated worker: catalog description, skill table and reply length.
-
-    `skill[domain] = (easy, medium, hard)`: probability that a plain call answers correctly.
-    `verbosity` scales the length of the derivation (so the completion tokens).
-    """
-
-    description: str
-    skill: Mapping[Domain, tuple[float, float, float]]
-    verbosity: float = 1.0
-
-    def __post_init__(self) -> None:
-        for domain in Domain:
-            levels = self.skill.get(domain)
-            if levels is None or len(levels) != 3 or not all(0.0 <= p <= 1.0 for p in levels):
-                raise ValueError(f"WorkerProfile.skill[{domain.value}] must be three "
-                                 f"probabilities (easy, medium, hard), got {levels!r}")
-        if not self.verbosity > 0:
-            raise ValueError(f"WorkerProfile.verbosity must be > 0, got {self.verbosity}")
-
-    def p_correct(self, domain: Domain | str, difficulty: str) -> float:
-        """P(correct) of a plain call on a task of this domain and difficulty."""
-        return self.skill[Domain(domain)][_level_index(difficulty)]
-
-
-@dataclasses.dataclass(frozen=True)
-class DomainDynamics:
-    """How errors behave in a domain (see module doc): latent shares, plan gain, checkability."""
-
-    shared: float
-    persistent: float
-    plan_gain: tuple[float, float, float]
-    verifiability: float
-    # Probability that another worker's output in the prompt (a plan, candidate answers, a
-    # rejection) talks a worker out of an answer it knew; in [0, 1]. 0: context never hurts.
-    distraction: float = 0.0
-
-    def __post_init__(self) -> None:
-        if min(self.shared, self.persistent) < 0 or self.shared + self.persistent > 1:
-            raise ValueError("DomainDynamics: shared and persistent must be >= 0 with sum <= 1")
-        if len(self.plan_gain) != 3 or not all(0 <= g <= 1 for g in self.plan_gain):
-            raise ValueError("DomainDynamics.plan_gain must be three numbers in [0, 1]")
-        if not 0 <= self.verifiability <= 1:
-            raise ValueError("DomainDynamics.verifiability must be in [0, 1]")
-        if not 0 <= self.distraction <= 1:
-            raise ValueError(f"DomainDynamics.distraction must be in [0, 1], got "
-                             f"{self.distraction}")
-
-
-def _skills(math_: tuple, code: tuple, knowledge: tuple, reason: tuple, recall: tuple
-            ) -> dict[Domain, tuple[float, float, float]]:
-    return {Domain.MATH: math_, Domain.CODE: code, Domain.KNOWLEDGE: knowledge,
-            Domain.REASON: reason, Domain.RECALL: recall}
-
-
-DEFAULT_PROFILES: Mapping[str, WorkerProfile] = {
-    "worker_1": WorkerProfile(
-        "Dense model with about 8B parameters; multilingual instruction following and "
-        "dialogue, mathematical and logical reasoning, code generation.",
-        _skills((.70, .30, .06), (.60, .25, .05), (.62, .40, .22), (.65, .35, .12),
-                (.85, .68, .48)), verbosity=0.9),
-    "worker_2": WorkerProfile(
-        "Dense model with 8B parameters, instruction-tuned for multilingual dialogue; general "
-        "reasoning, text generation and coding.",
-        _skills((.55, .20, .04), (.50, .18, .03), (.70, .50, .32), (.55, .28, .10),
-                (.95, .82, .62)), verbosity=0.8),
-    "worker_3": WorkerProfile(
-        "Mixture-of-experts model, 30.5B parameters in total with 3.3B active; instruction "
-        "following, text comprehension, logical reasoning, mathematics, science and coding.",
-        _skills((.97, .82, .52), (.95, .78, .45), (.65, .45, .28), (.88, .66, .40),
-                (.50, .30, .15)), verbosity=1.2),
-    "worker_4": WorkerProfile(
-        "Dense model in the 27B class; multilingual question answering, summarization, "
-        "reasoning, math problem solving and code generation.",
-        _skills((.85, .55, .22), (.78, .45, .18), (.90, .74, .55), (.78, .55, .28),
-                (.70, .50, .30)), verbosity=1.0),
-    "worker_5": WorkerProfile(
-        "Dense model with 70B parameters, instruction-tuned for multilingual dialogue; "
-        "reasoning, instruction following, text and code generation.",
-        _skills((.82, .52, .20), (.80, .50, .22), (.92, .78, .58), (.86, .62, .36),
-                (.88, .72, .52)), verbosity=1.3),
-    "worker_6": WorkerProfile(
-        "Sparse mixture-of-experts model, parameter counts undisclosed; translation, "
-        "classification, information extraction, coding, mathematics and reasoning.",
-        _skills((.95, .78, .48), (.96, .80, .48), (.72, .52, .35), (.90, .70, .45),
-                (.55, .35, .20)), verbosity=1.0),
-}
-
-DEFAULT_DYNAMICS: Mapping[Domain, DomainDynamics] = {
-    Domain.MATH: DomainDynamics(.15, .15, (.10, .40, .60), .95),
-    Domain.CODE: DomainDynamics(.15, .15, (.10, .40, .60), .95),
-    Domain.KNOWLEDGE: DomainDynamics(.25, .40, (.0, .0, .05), .25, distraction=.35),
-    Domain.REASON: DomainDynamics(.15, .15, (.30, .55, .70), .95),
-    Domain.RECALL: DomainDynamics(.75, .25, (.0, .0, .0), .20, distraction=.45),
-}
-
-
-def _level_index(difficulty: str | None) -> int:
-    if difficulty in LEVELS:
-        return LEVELS.index(difficulty)
-    return 1  # records without a difficulty count as medium
-
-
-# ============================================================================ prompts
-_ROLE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("verifier", re.compile(r"\bverif(?:y|ier|ies|ication)\b|\bPASS\b[\s\S]*\bFAIL\b",
-                            re.IGNORECASE)),
-    ("summarizer", re.compile(r"\bsummari[sz]|\breconcil", re.IGNORECASE)),
-    ("planner", re.compile(r"\bplann(?:er|ing)\b|\bbreak (?:it|the problem|this problem)"
-                           r"(?: down)? into\b|\bsub-?tasks\b", re.IGNORECASE)),
-    ("executor", re.compile(r"\bexecut(?:or|e)\b|\bcarry out\b", re.IGNORECASE)),
-)
-_STRONG_ROLE = re.compile(r"\byou are (?:the|a|an) (planner|executor|verifier|summari[sz]er)\b",
-                          re.IGNORECASE)
-_REF_HEADER = re.compile(r"^\[([^\]\n]+)\][ \t]*\(from ([A-Za-z_]+)\)[ \t]*$", re.MULTILINE)
-_TAIL_SECTION = re.compile(r"\n\s*\n(?:Your task|Current sub-task):", re.IGNORECASE)
-_ANSWER_TAG = re.compile(r"<answer>([\s\S]*?)</answer>", re.IGNORECASE)
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n([\s\S]*?)```", re.IGNORECASE)
-_EXEC_PASS = re.compile(r"\[execution\] all \d+ hidden tests PASSED", re.IGNORECASE)
-_EXEC_FAIL = re.compile(r"\[execution\] (?:\d+/\d+ hidden tests passed|no runnable code)",
-                        re.IGNORECASE)
-_LOCATION = re.compile(r"^\s*Location:(.*)$", re.MULTILINE | re.IGNORECASE)
-
-
-def _detect_role(brief: str, prompt: str) -> str | None:
-    """Role from the brief (text before the question): 'You are the X' first, then keywords;
-    else 'You are the X' anywhere in the prompt; else None (a plain single/multi answer)."""
-    strong = _STRONG_ROLE.search(brief)
-    if strong is None:
-        for role, pattern in _ROLE_PATTERNS:
-            if pattern.search(brief):
-                return role
-        strong = _STRONG_ROLE.search(prompt)
-    if strong is None:
-        return None
-    word = strong.group(1).lower()
-    return "summarizer" if word.startswith("summari") else word
-
-
-@dataclasses.dataclass(frozen=True)
-class _Block:
-    node: str | None
-    role: str | None
-    text: str
-
-
-@dataclasses.dataclass(frozen=True)
-class _Candidate:
-    index: int  # position among the blocks
-    node: str | None
-    answer: str  # the answer text (the program for CODE)
-    key: str  # normalised, for voting
-    correct: bool
-    executed: str | None  # 'pass' | 'fail' | None, from [execution] feedback
-
-
-def _split_blocks(after: str) -> list[_Block]:
-    """Referenced outputs after the question: `[nK] (from ROLE)` blocks, else one block."""
-    tail = _TAIL_SECTION.search(after)
-    headers = list(_REF_HEADER.finditer(after))
-    if not headers:
-        body = after[: tail.start()] if tail else after
-        return [_Block(None, None, body)] if body.strip() else []
-    blocks = []
-    for k, header in enumerate(headers):
-        end = headers[k + 1].start() if k + 1 < len(headers) else len(after)
-        if k + 1 == len(headers):
-            last_tail = None
-            for match in _TAIL_SECTION.finditer(after, header.end()):
-                last_tail = match
-            end = last_tail.start() if last_tail else end
-        blocks.append(_Block(header.group(1).strip(), header.group(2).lower(),
-                             after[header.end():end].strip()))
-    return blocks
-
-
-def _verdict(block: _Block) -> str | None:
-    first = block.text.lstrip()[:4].upper()
-    return first if first in ("PASS", "FAIL") else None
 
 
 # ============================================================================ the pool
@@ -541,7 +325,7 @@ class SimulatedWorkerPool:
         """Solve the task: (correct?, answer text or program). `context`: the prompt carries
         another worker's output (referenced blocks or a plan): distraction applies."""
         domain = task.record.domain
-        level = _level_index(task.difficulty)
+        level = level_index(task.difficulty)
         p = profile.p_correct(domain, task.difficulty)
         gains = []
         if self._plan_tag(task, good=True) in prompt:
@@ -568,37 +352,37 @@ class SimulatedWorkerPool:
     def _plan_tag(self, task: _Task, *, good: bool) -> str:
         return "P-" + _hex(self.seed, "plan", task.record.sample_id, "good" if good else "weak")
 
-    def _candidates(self, task: _Task, blocks: list[_Block]) -> list[_Candidate]:
+    def _candidates(self, task: _Task, blocks: list[Block]) -> list[Candidate]:
         out = []
         for index, block in enumerate(blocks):
-            if block.role in ("planner", "verifier") or _verdict(block):
+            if block.role in ("planner", "verifier") or verdict(block):
                 continue
-            executed = ("pass" if _EXEC_PASS.search(block.text)
-                        else "fail" if _EXEC_FAIL.search(block.text) else None)
+            executed = ("pass" if EXEC_PASS.search(block.text)
+                        else "fail" if EXEC_FAIL.search(block.text) else None)
             if task.is_code:
-                programs = _FENCE.findall(block.text)
+                programs = FENCE.findall(block.text)
                 if not programs:
                     continue
                 answer = programs[-1].strip("\n")
                 key = _norm_program(answer)
                 correct = task.solution is not None and key == _norm_program(task.solution)
             else:
-                tags = _ANSWER_TAG.findall(block.text)
+                tags = ANSWER_TAG.findall(block.text)
                 if not tags or not tags[-1].strip():
                     continue
                 answer = normalize_ws(tags[-1])
                 key = _norm_answer(answer)
                 correct = key in task.gold_keys
-            out.append(_Candidate(index, block.node, answer, key, correct, executed))
+            out.append(Candidate(index, block.node, answer, key, correct, executed))
         return out
 
-    def _rejections(self, blocks: list[_Block], candidates: list[_Candidate]) -> set[str]:
+    def _rejections(self, blocks: list[Block], candidates: list[Candidate]) -> set[str]:
         """Keys of candidates named by a FAIL verdict (or the nearest one before it)."""
         rejected: set[str] = set()
         for index, block in enumerate(blocks):
-            if _verdict(block) != "FAIL":
+            if verdict(block) != "FAIL":
                 continue
-            location = " ".join(_LOCATION.findall(block.text))
+            location = " ".join(LOCATION.findall(block.text))
             named = [c for c in candidates
                      if (c.node and f"[{c.node}]" in location)
                      or ("\n" not in c.answer and f"`{c.answer}`" in location)]
@@ -615,8 +399,8 @@ class SimulatedWorkerPool:
             return ("I could not find a question I can work on in this request, so I cannot "
                     "give a reliable result.\n<answer>unknown</answer>")
         start, end = self._question_span(prompt, task)
-        role = _detect_role(prompt[:start], prompt)
-        blocks = _split_blocks(prompt[end:])
+        role = detect_role(prompt[:start], prompt)
+        blocks = split_blocks(prompt[end:])
         if role == "planner":
             return self._planner_reply(worker, profile, task, digest)
         if role == "verifier":
@@ -632,7 +416,7 @@ class SimulatedWorkerPool:
 
     def _steps(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
                base: float) -> list[str]:
-        count = max(1, round(base * profile.verbosity * (1 + _level_index(task.difficulty))))
+        count = max(1, round(base * profile.verbosity * (1 + level_index(task.difficulty))))
         phrases = _STEP_PHRASES[task.record.domain]
         # The phrases are in a sensible order; start at 0 or 1 and cycle, so longer
         # derivations revisit earlier checks.
@@ -669,7 +453,7 @@ class SimulatedWorkerPool:
         return "\n".join(lines)
 
     def _verifier_reply(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
-                        blocks: list[_Block]) -> str:
+                        blocks: list[Block]) -> str:
         candidates = self._candidates(task, blocks)
         if not candidates:
             return ("FAIL\nLocation: no candidate output was provided\n"
@@ -694,13 +478,13 @@ class SimulatedWorkerPool:
         return "PASS"
 
     def _summarizer_reply(self, worker: str, profile: WorkerProfile, task: _Task, digest: str,
-                          prompt: str, blocks: list[_Block]) -> str:
+                          prompt: str, blocks: list[Block]) -> str:
         candidates = self._candidates(task, blocks)
         rejected = self._rejections(blocks, candidates)
         passed = [c for c in candidates if c.executed == "pass"]
         alive = [c for c in candidates if c.key not in rejected and c.executed != "fail"]
         skill = profile.p_correct(task.record.domain, task.difficulty)
-        chosen: _Candidate | None = None
+        chosen: Candidate | None = None
         if passed:
             chosen, why = passed[0], "its program passed the hidden tests"
         elif alive:

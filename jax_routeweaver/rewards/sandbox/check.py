@@ -29,13 +29,8 @@ import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from jax_routeweaver.rewards.sandbox.runner import (
-    LEVELS,
-    Level,
-    RunResult,
-    Sandbox,
-    SandboxError,
-)
+from jax_routeweaver.rewards.sandbox.isolation import LEVELS, Level, SandboxError
+from jax_routeweaver.rewards.sandbox.runner import RunResult, Sandbox
 
 __all__ = ["EXPECTED", "GUARANTEES", "Outcome", "check", "format_report"]
 

@@ -1,19 +1,9 @@
 """`Sandbox`: runs untrusted programs in jailed, limited children, a bounded number at a time.
 
 Each job is one child: the harness (`child.py`) started inside a fresh jail (`jail.py`)
-whose processes all belong to a fresh control group (`cgroup.py`). The isolation level
-(`Isolation.level`) is what the host gives and the caller accepts:
-
-    full        the jail + the job cgroup (memory, pids and CPU bounded for the whole job)
-    namespaces  the jail only: limits are per process (address space, CPU seconds)
-    none        a plain child in a private temporary directory: NO isolation from the host
-                (trusted code only)
-
-The requested level comes from `Sandbox(isolation=...)`, else `ROUTEWEAVER_SANDBOX`, else
-"full". It is checked once, by running a probe job, and a level the host cannot give is an
-error (`SandboxError`, saying what is missing): the sandbox never falls back to less on its
-own. `docs/sandbox.md` lists what each level guarantees; `routeweaver sandbox check` tests
-those guarantees on the machine it runs on.
+whose processes all belong to a fresh control group (`cgroup.py`), under the isolation level
+the caller asked for and the host gives (`isolation.py`: the levels, and the probe that
+checks one); `supervisor.py` reads the child's output against its clock and says how it ended.
 
 Memory: a job's `memory_mb` is its address-space limit per process and, under "full", the
 memory limit of its whole process tree (program, forks, tmpfs files, memfds). The jobs
@@ -30,12 +20,8 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
-import re
-import selectors
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -46,17 +32,33 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jax_routeweaver.rewards.sandbox import jail
-from jax_routeweaver.rewards.sandbox.cgroup import CgroupUnavailable, JobCgroup, JobCgroups
+from jax_routeweaver.rewards.sandbox.cgroup import CgroupUnavailable, JobCgroups
+from jax_routeweaver.rewards.sandbox.isolation import (
+    Isolation,
+    Level,
+    SandboxError,
+    probe,
+    requested_level,
+    unavailable,
+)
+from jax_routeweaver.rewards.sandbox.supervisor import (
+    MAX_OUTPUT_BYTES,
+    RawResult,
+    Status,
+    child_env,
+    classify,
+    communicate,
+    end_job,
+    kill_group,
+    last_line,
+    rlimits,
+)
 
 __all__ = [
-    "ISOLATION_ENV",
     "CallResult",
     "FunctionRunResult",
-    "Isolation",
-    "IsolationUnavailable",
     "RunResult",
     "Sandbox",
-    "SandboxError",
     "default_sandbox",
     "run_function",
     "run_python",
@@ -64,33 +66,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Status = Literal["ok", "timeout", "memory", "error", "killed"]
-Level = Literal["full", "namespaces", "none"]
-LEVELS: tuple[Level, ...] = ("full", "namespaces", "none")
-ISOLATION_ENV = "ROUTEWEAVER_SANDBOX"
-
-FSIZE_BYTES = 16 << 20  # RLIMIT_FSIZE, as the reference
-NOFILE = 256
 NPROC = 32  # tasks (processes + threads) the program may have, under "full"
 _LAUNCHER_TASKS = 2  # bwrap (the launcher execs into it) and the jail's init
-STARTUP_TIMEOUT_S = 15.0  # from spawn until the harness is ready (a slow host, not the program)
-MAX_OUTPUT_BYTES = 16 << 20  # stdout kept; more kills the child (status "killed")
-STDERR_KEEP_BYTES = 64 << 10  # the tail of stderr that is kept
-_READY = b"\x00routeweaver-sandbox-ready\x00\n"
-_SETUP_FAILED = 97  # the harness's exit code when its limits could not be set
 _CHILD = Path(__file__).with_name("child.py")
 _LAUNCHER_PATH = "/usr/local/bin:/usr/bin:/bin"
-_MEMORY_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*MemoryError\b")
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (the isolation asked for is not available here, or a child
-    could not be set up or started): an infra error, never a verdict on the program."""
-
-
-class IsolationUnavailable(SandboxError):
-    """The isolation level asked for cannot be had on this host: a set-up problem to fix (or
-    to accept less), never a per-row infra failure. Callers let it end the run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,34 +118,6 @@ class FunctionRunResult:
     wall_s: float
 
 
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    """The isolation jobs run under: `level`, the `bwrap` used, the cgroup layout (`cgroup`
-    1 or 2, None without) and its `controllers`."""
-
-    level: Level
-    bwrap: str | None = None
-    cgroup: int | None = None
-    controllers: tuple[str, ...] = ()
-
-    @property
-    def jailed(self) -> bool:
-        return self.level != "none"
-
-    @property
-    def whole_job_limits(self) -> bool:
-        return self.level == "full"
-
-
-def requested_level(isolation: str | None = None) -> Level:
-    """`isolation`, else `$ROUTEWEAVER_SANDBOX`, else "full"; anything else is an error."""
-    value = isolation if isolation is not None else os.environ.get(ISOLATION_ENV) or "full"
-    if value not in LEVELS:
-        source = "isolation" if isolation is not None else f"${ISOLATION_ENV}"
-        raise SandboxError(f"sandbox: {source}={value!r} is not one of {', '.join(LEVELS)}")
-    return value  # type: ignore[return-value]
-
-
 def memory_available_mb() -> int:
     """The memory this process may use: physical memory, or its cgroup's limit if lower."""
     limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -195,18 +146,6 @@ class _MemoryBudget:
             with self._cond:
                 self._used -= mb
                 self._cond.notify_all()
-
-
-@dataclasses.dataclass
-class _Raw:
-    stdout: bytes
-    stderr: bytes
-    returncode: int | None
-    wall_s: float
-    timed_out: bool
-    stopped: bool
-    truncated: bool
-    oom_killed: bool = False
 
 
 # ============================================================================ the sandbox
@@ -327,38 +266,20 @@ class Sandbox:
             return Isolation("none")
         bwrap = jail.find_bwrap()
         if bwrap is None:
-            raise _unavailable(level, "bubblewrap (bwrap) is not installed")
+            raise unavailable(level, "bubblewrap (bwrap) is not installed")
         iso = Isolation(level, bwrap)
         if level == "full":
             try:
                 self._cgroups = JobCgroups()
             except CgroupUnavailable as exc:
-                raise _unavailable(level, str(exc)) from exc
+                raise unavailable(level, str(exc)) from exc
             atexit.register(self._cgroups.close)
             iso = dataclasses.replace(iso, cgroup=self._cgroups.version,
                                       controllers=self._cgroups.controllers)
-        problems = self._probe(iso)
+        problems = probe(iso, self._spawn)
         if problems:
-            raise _unavailable(level, "; ".join(problems))
+            raise unavailable(level, "; ".join(problems))
         return iso
-
-    def _probe(self, iso: Isolation) -> list[str]:
-        """What keeps `iso` from working here (empty: it works), from one probe job."""
-        try:
-            raw = self._spawn(iso, "probe", {}, b"", 10.0, 256)
-            report = json.loads(raw.stdout.decode().strip().splitlines()[-1])
-        except (SandboxError, CgroupUnavailable, ValueError, IndexError, OSError) as exc:
-            return [str(exc)[:500]]
-        problems = []
-        if raw.returncode != 0:
-            problems.append(f"the probe exited with {raw.returncode}")
-        if report.get("ifaces") != ["lo"]:
-            problems.append(f"network interfaces in the jail: {report.get('ifaces')}")
-        if not report.get("imports"):
-            problems.append(f"the standard library does not import: {report.get('error')}")
-        if not report.get("cwd_write"):
-            problems.append("the working directory is not writable")
-        return problems
 
     # ---------------------------------------------------------------- jobs (in a worker)
     def _run_kw(self, program: str, *, stdin: str | bytes = "", timeout_s: float = 6.0,
@@ -415,7 +336,7 @@ class Sandbox:
         data = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
         raw = self._spawn(self.isolation, "script", payload, data, timeout_s, memory_mb,
                           max_output_bytes=max_output_bytes)
-        status, note = _status(raw, memory_mb)
+        status, note = classify(raw, memory_mb)
         stderr = raw.stderr.decode("utf-8", "replace")
         if note:
             stderr = (stderr + "\n" + note).lstrip("\n")
@@ -457,13 +378,13 @@ class Sandbox:
         finished = raw.stopped or load_error or len(calls) == len(args_list) or (
             stop_on_error and calls and calls[-1].status != "ok")
         if not finished:  # the child died or ran out of time in call len(calls) (or loading)
-            status, note = _status(raw, memory_mb)
+            status, note = classify(raw, memory_mb)
             if raw.timed_out:
                 error = f"timed out after {per_test:g} s"
             elif status == "ok":
                 status, error = "error", "the program exited before the call returned"
             else:
-                error = note or _last_line(stderr) or f"exit code {raw.returncode}"
+                error = note or last_line(stderr) or f"exit code {raw.returncode}"
             calls.append(CallResult(len(calls), status, error=error))
         return FunctionRunResult(tuple(calls), load_error[0] if load_error else None, stderr,
                                  raw.wall_s)
@@ -472,7 +393,7 @@ class Sandbox:
     def _spawn(self, iso: Isolation, mode: str, payload: dict, stdin: bytes, timeout_s: float,
                memory_mb: int | None, *, idle_timeout_s: float | None = None,
                on_line: Callable[[bytes], bool] | None = None,
-               max_output_bytes: int = MAX_OUTPUT_BYTES) -> _Raw:
+               max_output_bytes: int = MAX_OUTPUT_BYTES) -> RawResult:
         """One child under `iso`, with its memory held from the budget; everything it
         started is killed and everything it wrote removed before this returns. The payload
         and stdin travel in anonymous files (inherited descriptors)."""
@@ -484,7 +405,7 @@ class Sandbox:
             pay_file.write(json.dumps(payload).encode())
             pay_file.seek(0)
             config = json.dumps({"mode": mode, "payload_fd": pay_file.fileno(),
-                                 "rlimits": _limits(timeout_s, mb)})
+                                 "rlimits": rlimits(timeout_s, mb)})
             group = (self._cgroups.create(mb << 20, self.nproc + _LAUNCHER_TASKS)
                      if iso.whole_job_limits and self._cgroups is not None else None)
             # "none": the job works in a directory of its own inside one of ours, and ours
@@ -494,7 +415,7 @@ class Sandbox:
             try:
                 if iso.jailed:
                     argv = jail.launcher_argv(
-                        jail.bwrap_argv(iso.bwrap or "bwrap", _child_env(jail.WORKDIR),
+                        jail.bwrap_argv(iso.bwrap or "bwrap", child_env(jail.WORKDIR),
                                         [config]),
                         cgroup_procs=group.procs_files if group is not None else (),
                         uid=jail.fresh_uid() if os.geteuid() == 0 else None)
@@ -503,7 +424,7 @@ class Sandbox:
                     cwd = os.path.join(holder, "work")
                     os.mkdir(cwd, 0o700)
                     argv = [jail.interpreter(), "-B", "-s", "-P", str(_CHILD), config]
-                    env = _child_env(cwd)
+                    env = child_env(cwd)
                 try:
                     proc = subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, cwd=cwd, env=env,
@@ -512,186 +433,21 @@ class Sandbox:
                 except OSError as exc:
                     raise SandboxError(f"sandbox child did not start: {exc}") from exc
                 try:
-                    raw = _communicate(proc, timeout_s, idle_timeout_s, on_line,
+                    raw = communicate(proc, timeout_s, idle_timeout_s, on_line,
                                        max_output_bytes)
                 finally:
-                    _kill_group(proc)
+                    kill_group(proc)
                     proc.wait()
                     for f in (proc.stdout, proc.stderr):
                         f.close()
             finally:
-                oom = _end(group)
+                oom = end_job(group)
                 if holder is not None:
                     shutil.rmtree(holder, ignore_errors=True)
         if iso.jailed and raw.returncode is not None and raw.returncode > 128:
             raw.returncode = 128 - raw.returncode  # bwrap reports a signal as 128 + signo
         raw.oom_killed = oom
         return raw
-
-
-def _end(group: JobCgroup | None) -> bool:
-    """Kill what is left of the job and remove its cgroup; True if the OOM killer struck."""
-    if group is None:
-        return False
-    oom = group.oom_kills() > 0
-    group.destroy()
-    return oom
-
-
-def _unavailable(level: str, why: str) -> IsolationUnavailable:
-    return IsolationUnavailable(
-        f"sandbox: isolation {level!r} is not available on this host: {why}. Install "
-        f"bubblewrap and run as root (or with a delegated cgroup v2 subtree), or accept less "
-        f"with {ISOLATION_ENV}=namespaces (no whole-job limits) or {ISOLATION_ENV}=none (no "
-        f"isolation: trusted code only); `routeweaver sandbox check` tells what this host "
-        f"gives (docs/sandbox.md)")
-
-
-def _child_env(home: str) -> dict[str, str]:
-    """The program's whole environment: nothing is inherited, so no secret reaches it."""
-    return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8",
-            "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _exited(proc: subprocess.Popen) -> bool:
-    """True once the child exited, without reaping it (its pid, hence its process group id,
-    stays reserved until we kill the group)."""
-    try:
-        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _limits(cpu_s: float, memory_mb: int) -> dict[str, tuple[int, int]]:
-    cpu = math.ceil(cpu_s) + 1
-    return {"RLIMIT_CPU": (cpu, cpu + 5), "RLIMIT_FSIZE": (FSIZE_BYTES, FSIZE_BYTES),
-            "RLIMIT_NOFILE": (NOFILE, NOFILE), "RLIMIT_CORE": (0, 0),
-            "RLIMIT_AS": (memory_mb << 20, memory_mb << 20)}
-
-
-def _status(raw: _Raw, memory_mb: int | None) -> tuple[Status, str]:
-    """(status, note) of a finished child."""
-    if raw.timed_out:
-        return "timeout", ""
-    if raw.truncated:
-        return "killed", f"[sandbox] stdout exceeded {MAX_OUTPUT_BYTES} bytes"
-    if raw.oom_killed:
-        return "memory", f"[sandbox] the job's memory limit ({memory_mb} MiB) was reached"
-    rc = raw.returncode
-    if rc is None or rc < 0:
-        if rc == -signal.SIGXCPU:
-            return "timeout", "[sandbox] CPU time limit"
-        name = signal.Signals(-rc).name if rc is not None and -rc in signal.valid_signals() \
-            else str(rc)
-        return "killed", f"[sandbox] killed by {name}"
-    if rc == 0:
-        return "ok", ""
-    last = _last_line(raw.stderr.decode("utf-8", "replace"))
-    # MemoryError or a subclass (numpy's _ArrayMemoryError), as the traceback's last line.
-    return ("memory" if _MEMORY_ERROR.match(last) else "error"), ""
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
-
-
-def _communicate(proc: subprocess.Popen, timeout_s: float, idle_timeout_s: float | None,
-                 on_line: Callable[[bytes], bool] | None, max_output_bytes: int) -> _Raw:
-    """Read the child's pipes until it exits, times out, overflows or `on_line` says stop.
-    The program's clock starts when the harness reports ready."""
-    start = time.monotonic()
-    out, err = bytearray(), bytearray()
-    ready = timed_out = stopped = truncated = False
-    deadline = start + STARTUP_TIMEOUT_S
-    ready_at = last = start
-    exited_at: float | None = None
-    scanned = 0
-    sel = selectors.DefaultSelector()
-    for f in (proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-        sel.register(f, selectors.EVENT_READ)
-    try:
-        while sel.get_map():
-            now = time.monotonic()
-            limit = deadline if not (ready and idle_timeout_s) else min(
-                deadline, last + idle_timeout_s)
-            if now >= limit:
-                timed_out = ready
-                break
-            if exited_at is None and _exited(proc):
-                # Leftovers would hold the pipes open: give them half a second, then abandon
-                # the pipes (the jail's PID namespace or the job cgroup ends them).
-                _kill_group(proc)
-                exited_at = now
-            if exited_at is not None and now > exited_at + 0.5:
-                break
-            for key, _ in sel.select(min(limit - now, 0.1)):
-                try:
-                    chunk = os.read(key.fd, 1 << 16)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                if key.fileobj is proc.stderr:
-                    err += chunk
-                    if not ready and len(err) >= len(_READY) and err.startswith(_READY):
-                        ready, ready_at = True, time.monotonic()
-                        deadline, last = ready_at + timeout_s, ready_at
-                        del err[:len(_READY)]
-                    if ready and len(err) > 2 * STDERR_KEEP_BYTES:
-                        del err[:-STDERR_KEEP_BYTES]
-                    continue
-                out += chunk
-                if len(out) > max_output_bytes:
-                    truncated = True
-                    del out[max_output_bytes:]
-                    break
-                if on_line is not None:
-                    while (nl := out.find(b"\n", scanned)) >= 0:
-                        line, scanned = bytes(out[scanned:nl]), nl + 1
-                        last = time.monotonic()
-                        if on_line(line):
-                            stopped = True
-                            break
-                if stopped:
-                    break
-            if truncated or stopped:
-                break
-    finally:
-        sel.close()
-    _kill_group(proc)
-    try:
-        returncode = proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        returncode = None
-    if not stopped and not truncated:  # what the child wrote just before it ended
-        for f, buf in ((proc.stdout, out), (proc.stderr, err)):
-            with contextlib.suppress(OSError):
-                while chunk := os.read(f.fileno(), 1 << 16):
-                    buf += chunk
-        if not ready and err.startswith(_READY):
-            ready = True
-            del err[:len(_READY)]
-        if on_line is not None and ready:
-            while not stopped and (nl := out.find(b"\n", scanned)) >= 0:
-                line, scanned = bytes(out[scanned:nl]), nl + 1
-                stopped = on_line(line)
-    if not ready:
-        raise SandboxError("sandbox child did not start: "
-                           + (bytes(err).decode("utf-8", "replace").strip()[-2000:]
-                              or f"no output, return code {returncode}"))
-    wall = time.monotonic() - ready_at
-    return _Raw(bytes(out), bytes(err[-STDERR_KEEP_BYTES:]), returncode, wall, timed_out,
-                stopped, truncated)
 
 
 # ============================================================================ module level

@@ -16,9 +16,10 @@ accumulators, logit chunks, attention blocks). Per device, a program needs about
 the frozen reference during the update, the policy and its optimizer state during the
 reference's logprob pass. The plan's peak is the larger of the two.
 
-This prices the trainer only; :mod:`jax_routeweaver.rl.step_plan` adds the rollout engine
-(the in-process sampler's replica and KV cache, or a co-located vLLM server) and prices the
-whole step as three phases, and searches the settings that make it fit a :class:`Target`.
+This prices the trainer only; :mod:`jax_routeweaver.planning.rollout` prices the rollout
+engine (the in-process sampler's replica and KV cache, or a co-located vLLM server) and
+:mod:`jax_routeweaver.planning.step` the whole step as three phases, and searches the settings
+that make it fit a :class:`Target`.
 
 These are XLA:CPU's buffer assignments of the same SPMD program. TPU and GPU compilers fuse
 and schedule differently (and XLA:CPU may keep fp32 copies where a TPU computes in bf16), so
@@ -43,7 +44,9 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, make_mesh, param_specs
 from jax_routeweaver.rl import losses
-from jax_routeweaver.rl.trainer import LossConfig, OptimConfig, StepBatch, SupportBatch, Trainer
+from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.support import SupportBatch
+from jax_routeweaver.rl.trainer import StepBatch, Trainer
 
 GIB = 2**30
 HEADROOM = 0.10  # share of device memory kept free for what the CPU estimate misses

@@ -5,7 +5,7 @@
 * the devices JAX sees (this host's and all hosts') and the mesh the config asks for;
 * the router's architecture (its HF ``config.json``, or the random-init fields);
 * the per-device memory of one update and one logprob pass, compiled for these devices with
-  abstract arrays (`rl.plan`) — on a TPU or GPU host this is the real compiler's analysis;
+  abstract arrays (`planning.memory`) — on a TPU or GPU host this is the real compiler's analysis;
 * the worker pool, checked as the run checks it before step 1 (`rl.pool_check`): every
   offered worker priced in the run's table (the channel file's prices, the reference table
   for the simulated pool, Router-R1's for a router_r1 run), and for a channel pool each
@@ -34,17 +34,18 @@ from rich.table import Table
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, latest_step
-from jax_routeweaver.rl.plan import GIB, HEADROOM, MemoryPlan, Target, config_shape, plan_config
-from jax_routeweaver.rl.pool_check import pool_checks
-from jax_routeweaver.rl.step_plan import (
-    RolloutSettings,
-    RolloutShape,
-    StepPlan,
-    TrainFigures,
-    replica_dtype,
-    step_plan,
+from jax_routeweaver.planning.memory import (
+    GIB,
+    HEADROOM,
+    MemoryPlan,
+    Target,
+    config_shape,
+    plan_config,
 )
+from jax_routeweaver.planning.rollout import RolloutSettings, RolloutShape, replica_dtype
+from jax_routeweaver.planning.step import StepPlan, TrainFigures, step_plan
+from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, latest_step
+from jax_routeweaver.rl.pool_check import pool_checks
 from jax_routeweaver.rl.train_config import RANDOM_INITS, TrainConfig
 
 QWEN3_VOCAB = 151_936
@@ -198,7 +199,7 @@ def dry_run(cfg: TrainConfig, console: Console, *, plan: bool = True,
 
 def whole_step(cfg: TrainConfig, arch: ModelConfig, target: Target,
                plan: MemoryPlan) -> StepPlan:
-    """The whole step (`rl.step_plan`) of ``plan`` with ``cfg``'s rollout engine."""
+    """The whole step (`planning.step`) of ``plan`` with ``cfg``'s rollout engine."""
     return step_plan(target, TrainFigures.of(plan), RolloutSettings.of_config(cfg),
                      arch.replace(dtype=cfg.model.dtype),
                      RolloutShape.of_config(cfg, target.hosts), replica_dtype(cfg))

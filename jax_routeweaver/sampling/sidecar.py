@@ -1,4 +1,5 @@
-"""The vLLM sidecar as the loop's rollout engine (``rollout.sampler: vllm``).
+"""The vLLM sidecar as a rollout engine: its config section and its lifecycle (start or
+attach, publish each policy step, verify, sleep, stop).
 
 At start-up the initial policy is exported once as a Hugging Face directory for the server to
 boot from (``OUT/sidecar/initial_hf``; server log and vLLM cache under ``OUT/sidecar``), unless
@@ -16,23 +17,47 @@ import dataclasses
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jax.numpy as jnp
 import numpy as np
 
+from jax_routeweaver.config import bounded
 from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
 from jax_routeweaver.models.sharding import to_host
-from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.sampling.probe_check import Probe, calibrate, tolerance
-from jax_routeweaver.sampling.vllm_sidecar import (
+from jax_routeweaver.sampling.vllm_server import (
+    ServerBaseConfig,
     ServerConfig,
     SidecarError,
     VllmServer,
-    VllmSidecarSampler,
 )
+from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
 from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmConfig(ServerBaseConfig):
+    """The vLLM sidecar (``rollout.sampler: vllm``; see `sampling.vllm_sidecar`): the server's
+    `ServerBaseConfig` (the same keys, defaults and ranges) plus how the trainer talks to it. The
+    trainer starts it on an HF export of the initial policy (or attaches to ``url``) and syncs
+    every policy step into it in place, verified by checksums and a probe sequence's logprobs
+    (`sampling.probe_check`): within ``probe_atol`` of the trainer's (0: the serving dtype's
+    tolerance, scaled by the gap measured at start-up on the initial weights) and nearer the
+    new version's than the previous one's. vLLM's CPU attention needs head_dim >= 32.
+    ``sleep_level`` serves time-shared placement (the sidecar on the trainer's GPUs): the
+    server sleeps after each rollout so the update can use its memory; the next sync wakes
+    it and reloads the weights anyway."""
+
+    url: str = ""  # a running server to attach to ("http://host:port"); "" = start one
+    # how a policy step reaches the server: "orbax" (the policy step itself) or "hf" (the
+    # fallback: an HF safetensors export of each step, loaded the same way)
+    transport: Literal["orbax", "hf"] = "orbax"
+    request_timeout_s: float = bounded(300.0, "(0, inf)")  # seconds per request
+    max_in_flight: int = bounded(64, "[1, inf)")  # concurrent requests
+    probe_atol: float = bounded(0.0, "[0, inf)")  # nats per probe token; 0 = measured
+
 
 # The probe whose logprobs are checked after every sync (`probe_check`). Any fixed text works;
 # a longer one tells apart versions that moved less (the check's power grows with the square
@@ -53,6 +78,8 @@ PROBE_TEXT = (
     "format.")
 # Earlier versions' probe logprobs kept for the check (newest first).
 PROBE_HISTORY = 256
+
+
 class Sidecar:
     """Starts (or attaches to) the server and publishes policy steps into it.
 
@@ -62,8 +89,12 @@ class Sidecar:
     ``rollout.vllm.probe_atol`` sets one. Each sync's probe is then checked against the new
     version's logprobs and the earlier versions' (`probe_check.verdict`)."""
 
-    def __init__(self, cfg: TrainConfig, model: Qwen3, tokenizer: Any, out: Path):
-        v = cfg.rollout.vllm
+    def __init__(self, config: VllmConfig, model: Qwen3, tokenizer: Any, out: Path, *,
+                 seed: int):
+        """`config`: the ``rollout.vllm`` section; `model`: the initial policy (exported for
+        a server this starts, and the probe's reference); `out`: the run directory (the
+        sidecar's files go under ``out/sidecar``); `seed`: the started server's seed."""
+        v = config
         self.transport, self.sleep_level = v.transport, v.sleep_level
         self.exports = out / "sidecar" / "hf_steps"
         self.server: VllmServer | None = None
@@ -71,11 +102,10 @@ class Sidecar:
             target: VllmServer | str = v.url
         else:
             initial = save_hf(model, out / "sidecar" / "initial_hf", tokenizer=tokenizer)
-            # The section's server options are ServerConfig fields of the same names.
-            shared = {f.name for f in dataclasses.fields(ServerConfig)} \
-                & {f.name for f in dataclasses.fields(v)}
+            # The section's server options are its ServerBaseConfig fields.
+            shared = [f.name for f in dataclasses.fields(ServerBaseConfig)]
             self.server = target = VllmServer(ServerConfig(
-                model=str(initial), work_dir=str(out / "sidecar"), seed=cfg.seed,
+                model=str(initial), work_dir=str(out / "sidecar"), seed=seed,
                 **{name: getattr(v, name) for name in shared}))
         self.sampler = VllmSidecarSampler(target, decode=tokenizer.decode,
                                           max_in_flight=v.max_in_flight,

@@ -1,0 +1,170 @@
+"""Building a run's parts from its `TrainConfig`: records, worker pool, tokenizer, policy,
+sampler and dialect. The loop (`rl.loop.train`), evaluation, `warm-start` and the benchmarks
+build the same parts the same way through these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+from rich.console import Console
+
+from jax_routeweaver.data.record_files import ReadStats, read_records
+from jax_routeweaver.data.records import Record
+from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.hf import load_hf
+from jax_routeweaver.models.qwen3 import Qwen3
+from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded
+from jax_routeweaver.models.tokenizer import (
+    build_qwen3_tokenizer,
+    load_tokenizer,
+    prune_tokenizer,
+)
+from jax_routeweaver.rl import stand_in
+from jax_routeweaver.rl.checkpoint import restore_policy
+from jax_routeweaver.rl.dialect import Dialect
+from jax_routeweaver.rl.pool_check import check_run_pool
+from jax_routeweaver.rl.router_r1_run import RouterR1Dialect
+from jax_routeweaver.rl.routeweaver_run import RouteWeaverDialect, env_config
+from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.routing.channels import load_channels
+from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.workers import HttpWorkerPool
+from jax_routeweaver.sampling.constraints import GrammarConstraints
+from jax_routeweaver.sampling.dense_buckets import DEFAULT_BATCH_BUCKETS
+from jax_routeweaver.sampling.jax_sampler import JaxSampler
+
+
+def dialect_for(cfg: TrainConfig) -> Dialect:
+    """The run's `Dialect` (``rollout.dialect``), not yet started."""
+    return RouterR1Dialect(cfg) if cfg.rollout.dialect == "router_r1" \
+        else RouteWeaverDialect(cfg)
+
+
+def build_tokenizer(cfg: TrainConfig, records: list[Record], pool: Any) -> Any:
+    """"qwen3": the real Qwen3 tokenizer (built offline); "qwen3-pruned": the same BPE pruned
+    to the tokens of this run's text (`routing_corpus`, or Router-R1's); otherwise a
+    tokenizer directory."""
+    if cfg.model.tokenizer == "qwen3":
+        return build_qwen3_tokenizer()
+    if cfg.model.tokenizer == "qwen3-pruned":
+        corpus = dialect_for(cfg).corpus(records, pool)
+        return prune_tokenizer(build_qwen3_tokenizer(), corpus)
+    return load_tokenizer(cfg.model.tokenizer)
+
+
+def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any,
+                 records: Sequence[Record] = (), log: Callable[[str], None] | None = None
+                 ) -> Qwen3:
+    """The initial policy, born sharded on `mesh` (see `PolicyConfig`). A random model takes
+    vocab_size (rounded up to 128) and the eos/pad/bos ids from the tokenizer unless given;
+    ``init: stand-in`` distils that random model on the questions of `records` first (or
+    loads it from the cache, `rl.stand_in`); ``init: hf`` loads the Hugging Face checkpoint
+    directory in ``model.path``."""
+    m = cfg.model
+    runtime = m.runtime()
+    if m.init == "random":
+        return random_policy(cfg, mesh, tokenizer)
+    if m.init == "stand-in":
+        path = stand_in_path(cfg, mesh, tokenizer, records, log)
+        return load_hf(path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype, **runtime)
+    if m.init == "hf":
+        path = Path(m.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model.path: {path} is not a Hugging Face checkpoint "
+                                    "directory (no config.json)")
+        return load_hf(path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype, **runtime)
+    path = Path(m.init)
+    if (path / "config.json").is_file():
+        return load_hf(path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype, **runtime)
+    model, _ = restore_policy(path, mesh=mesh, dtype=m.param_dtype, compute_dtype=m.dtype,
+                              **runtime)
+    return model
+
+
+def random_config(cfg: TrainConfig, tokenizer: Any) -> ModelConfig:
+    """The architecture of ``model.random``, with vocab_size (rounded up to 128) and the
+    eos/pad/bos ids from the tokenizer unless given."""
+    m = cfg.model
+    fields = {"vocab_size": -(-len(tokenizer) // 128) * 128,
+              "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+              "bos_token_id": tokenizer.bos_token_id, **m.random}
+    return ModelConfig(**{**fields, "param_dtype": m.param_dtype, "dtype": m.dtype,
+                          **m.runtime()})
+
+
+def random_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
+    """The random-init router of ``model.random`` (seeded by ``cfg.seed``)."""
+    mc = random_config(cfg, tokenizer)
+    return create_sharded(lambda: Qwen3(mc, rngs=nnx.Rngs(cfg.seed)), mesh)
+
+
+def stand_in_path(cfg: TrainConfig, mesh: Any, tokenizer: Any, records: Sequence[Record],
+                  log: Callable[[str], None] | None = None) -> Path:
+    """The HF directory of the run's stand-in (`rl.stand_in`), distilled from
+    `random_policy` on the questions of `records` when not cached yet (the random
+    weights are only built then)."""
+    if not records:
+        raise ValueError("model.init: stand-in needs the run's questions to distil on")
+    contexts = None
+    if cfg.model.stand_in.worker_weight > 0:
+        pool = build_pool(cfg, list(records), check=False)  # train() checked it
+        config = random_config(cfg, tokenizer)
+        make_env = routeweaver_envs(tokenizer, pool, env_config(cfg, config.eos_token_id))
+        offered = len(cfg.workers.offered) or len(pool.worker_ids())
+        contexts = stand_in.env_worker_contexts(make_env, tokenizer, offered)
+    return stand_in.ensure_stand_in(random_config(cfg, tokenizer),
+                                    lambda: random_policy(cfg, mesh, tokenizer), tokenizer,
+                                    records, cfg.model.stand_in, seed=cfg.seed,
+                                    worker_contexts=contexts, log=log)
+
+
+def build_sampler(cfg: TrainConfig, model: Qwen3, tokenizer: Any, mesh: Any, rows: int,
+                  *, pad_id: int) -> JaxSampler:
+    """The in-process sampler of ``cfg.rollout`` (grammar constraints, prompt buckets, KV
+    cache kind, ...). ``rows``: the episodes of a call's first round, all sampled at once,
+    made an exact batch bucket (dropping the default buckets between it and twice it)."""
+    r = cfg.rollout
+    constraints = GrammarConstraints(tokenizer, model.config.vocab_size) \
+        if r.constrained else None
+    buckets = sorted({*DEFAULT_BATCH_BUCKETS, rows}
+                     - {b for b in DEFAULT_BATCH_BUCKETS if rows < b < 2 * rows})
+    return JaxSampler(model, decode=tokenizer.decode, pad_id=pad_id, mesh=mesh,
+                      rules=SAMPLE_RULES, constraints=constraints, batch_buckets=buckets,
+                      prefix_cache_mb=r.prefix_cache_mb, prompt_buckets=r.prompt_buckets,
+                      device_choices=r.device_choices, kv_cache=r.kv_cache, paged=r.paged)
+
+
+def build_records(cfg: TrainConfig, console: Console) -> list[Record]:
+    d = cfg.data
+    if d.source == "synthetic":
+        return synthetic_tasks(d.synthetic_queries, seed=d.synthetic_seed,
+                               levels=d.synthetic_levels)
+    stats = ReadStats()
+    records = read_records(d.source, bad_rows=d.bad_rows, stats=stats)
+    if stats.skipped:
+        console.print(f"[yellow]{d.source}: skipped {stats.skipped} bad rows of {stats.rows}; "
+                      f"first: {stats.errors[:1]}[/]")
+    return records
+
+
+def build_pool(cfg: TrainConfig, records: list[Record], *, check: bool = True) -> Any:
+    """The run's worker pool, checked first (`rl.pool_check.check_run_pool`: every offered
+    worker priced in the run's table; a channel pool's keys set and its endpoints reachable
+    and serving the configured model names): PoolCheckError naming the worker otherwise,
+    before the pool (or anything after it) is built. Its calls bill at `pool_prices(pool)`:
+    the channel file's prices, the reference table for the simulated pool. `check` False:
+    the caller checked already (`train` does, before the run directory is made)."""
+    if check:
+        check_run_pool(cfg)
+    w = cfg.workers
+    if w.pool == "simulated":
+        # A SIMULATION of the paid worker APIs (see routing/simulated.py).
+        return SimulatedWorkerPool(records, seed=w.seed, latency_s=w.latency_s,
+                                   failure_rate=w.failure_rate)
+    return HttpWorkerPool(load_channels(w.pool), concurrency=w.concurrency)

@@ -1,0 +1,71 @@
+"""The learner's settings: the optimizer (`OptimConfig`) and the policy objective
+(`LossConfig`), as the ``optim`` and ``algo.loss`` sections of a train config declare them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax_routeweaver.config import bounded
+
+REDUCTIONS = ("segment", "global")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW as verl runs it (docs/algorithm.md, "Optimizer"): lr 1e-6 set explicitly; betas,
+    eps, weight decay 0.01 and grad-norm clip 1.0 are verl's defaults. ``warmup_steps`` > 0:
+    linear warmup."""
+
+    lr: float = bounded(1e-6, "(0, inf)")
+    weight_decay: float = bounded(0.01, "[0, inf)")
+    grad_clip: float = bounded(1.0, "[0, inf)")  # global grad-norm clip; 0 = off
+    warmup_steps: int = bounded(0, "[0, inf)")  # optimizer steps
+    b1: float = bounded(0.9, "[0, 1)")
+    b2: float = bounded(0.999, "[0, 1)")
+    eps: float = bounded(1e-8, "(0, inf)")
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr={self.lr} must be > 0")
+        if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
+            raise ValueError("optim.weight_decay, grad_clip and warmup_steps must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Policy objective (docs/algorithm.md, "The policy loss"). ``micro_batch_size``: rows per
+    micro-batch (0 = the whole mini-batch in one). ``ppo_mini_batches`` × ``ppo_epochs``
+    optimizer steps per batch (the reference: 1 × 1). The support terms are those of
+    docs/algorithm.md, "The minimum-support loss" (``support_chunk`` rows are scored per
+    forward; the support gradient joins every optimizer step, as the reference's hook joins
+    every backward). ``group_by_length``: micro-batches of length-sorted rows, each at its own
+    length bucket (module docstring; verl's ``use_dynamic_bsz`` serves the same end by
+    packing)."""
+
+    reduction: str = "segment"
+    clip_low: float = bounded(0.2, "[0, 1)")  # ratio clipped below at 1 - clip_low
+    clip_high: float = bounded(0.2, "[0, inf)")  # ratio clipped above at 1 + clip_high
+    clip_c: float = bounded(3.0, "(1, inf)")  # dual-clip constant
+    kl_coef: float = bounded(0.001, "[0, inf)")
+    entropy_coef: float = bounded(0.0, "[0, inf)")  # entropy bonus weight
+    micro_batch_size: int = bounded(0, "[0, inf)")  # rows; 0 = the whole mini-batch
+    support_lambda0: float = bounded(0.002, "[0, inf)")  # set via algo.exploration
+    support_floor: float = bounded(0.05, "[0, 1]")  # set via algo.exploration
+    support_chunk: int = bounded(12, "[1, inf)")  # rows per support forward
+    ppo_mini_batches: int = bounded(1, "[1, inf)")
+    ppo_epochs: int = bounded(1, "[1, inf)")
+    group_by_length: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"loss.reduction={self.reduction!r}: expected one of {REDUCTIONS}")
+        if self.micro_batch_size < 0 or self.support_chunk < 1:
+            raise ValueError("loss.micro_batch_size must be >= 0 and support_chunk >= 1")
+        if self.ppo_mini_batches < 1 or self.ppo_epochs < 1:
+            raise ValueError(f"loss.ppo_mini_batches={self.ppo_mini_batches} and "
+                             f"loss.ppo_epochs={self.ppo_epochs} must be >= 1")
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per batch."""
+        return self.ppo_mini_batches * self.ppo_epochs
