@@ -16,19 +16,20 @@ class OptimConfig:
     eps, weight decay 0.01 and grad-norm clip 1.0 are verl's defaults. ``warmup_steps`` > 0:
     linear warmup."""
 
-    lr: float = bounded(1e-6, "(0, inf)")
-    weight_decay: float = bounded(0.01, "[0, inf)")
+    lr: float = bounded(1e-6, "(0, inf)")  # peak learning rate
+    weight_decay: float = bounded(0.01, "[0, inf)")  # AdamW decoupled weight decay
     grad_clip: float = bounded(1.0, "[0, inf)")  # global grad-norm clip; 0 = off
     warmup_steps: int = bounded(0, "[0, inf)")  # optimizer steps
-    b1: float = bounded(0.9, "[0, 1)")
-    b2: float = bounded(0.999, "[0, 1)")
-    eps: float = bounded(1e-8, "(0, inf)")
+    b1: float = bounded(0.9, "[0, 1)")  # Adam first-moment decay
+    b2: float = bounded(0.999, "[0, 1)")  # Adam second-moment decay
+    eps: float = bounded(1e-8, "(0, inf)")  # Adam denominator epsilon
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"optim.lr={self.lr} must be > 0")
-        if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
-            raise ValueError("optim.weight_decay, grad_clip and warmup_steps must be >= 0")
+        for name in ("weight_decay", "grad_clip", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"optim.{name}={getattr(self, name)} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +43,13 @@ class LossConfig:
     length bucket (module docstring; verl's ``use_dynamic_bsz`` serves the same end by
     packing)."""
 
+    # "segment": mode-declaration and other policy tokens each over their own count;
+    # "global": all policy tokens over one count (docs/algorithm.md, "The policy loss")
     reduction: str = "segment"
     clip_low: float = bounded(0.2, "[0, 1)")  # ratio clipped below at 1 - clip_low
     clip_high: float = bounded(0.2, "[0, inf)")  # ratio clipped above at 1 + clip_high
     clip_c: float = bounded(3.0, "(1, inf)")  # dual-clip constant
-    kl_coef: float = bounded(0.001, "[0, inf)")
+    kl_coef: float = bounded(0.001, "[0, inf)")  # weight of the k3 KL to the reference; 0 = off
     entropy_coef: float = bounded(0.0, "[0, inf)")  # entropy bonus weight
     micro_batch_size: int = bounded(0, "[0, inf)")  # rows; 0 = the whole mini-batch
     support_lambda0: float = bounded(0.002, "[0, inf)")  # set via algo.exploration
@@ -59,8 +62,10 @@ class LossConfig:
     def __post_init__(self) -> None:
         if self.reduction not in REDUCTIONS:
             raise ValueError(f"loss.reduction={self.reduction!r}: expected one of {REDUCTIONS}")
-        if self.micro_batch_size < 0 or self.support_chunk < 1:
-            raise ValueError("loss.micro_batch_size must be >= 0 and support_chunk >= 1")
+        if self.micro_batch_size < 0:
+            raise ValueError(f"loss.micro_batch_size={self.micro_batch_size} must be >= 0")
+        if self.support_chunk < 1:
+            raise ValueError(f"loss.support_chunk={self.support_chunk} must be >= 1")
         if self.ppo_mini_batches < 1 or self.ppo_epochs < 1:
             raise ValueError(f"loss.ppo_mini_batches={self.ppo_mini_batches} and "
                              f"loss.ppo_epochs={self.ppo_epochs} must be >= 1")

@@ -1,4 +1,5 @@
-"""Router-R1 as one configuration of `train()` (``rollout.dialect: router_r1``).
+"""Router-R1 as one configuration of `train()` (``rollout.dialect: router_r1``): the
+`RouterR1Dialect` the loop and the evaluator hold (`rl.dialect`).
 
 What differs from a RouteWeaver run, and nothing else: episodes come from `router_r1_envs`
 (model names mapped onto the pool's worker ids), rewards from Router-R1's hierarchical reward
