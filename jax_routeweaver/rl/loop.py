@@ -335,16 +335,16 @@ class _Run:
         records = self.dialect.plan(batch)
         rt = self.runtime
         share = distributed.host_share(records, rt.process_id, rt.num_processes)
-        for attempt in (1, 2):
-            try:
-                trajs, stats = self.episodes(share, batch.group_size, step)
-                return Rollout(batch, records, trajs, stats, len(share))
-            except SidecarError as e:
-                if attempt == 2 or self.sidecar is None or self.sidecar.server is None:
-                    raise
-                self.console.print(f"step {step}: the vLLM sidecar failed ({e}); restarting "
-                                   "it and running the rollout again")
-        raise AssertionError("unreachable")
+        try:
+            trajs, stats = self.episodes(share, batch.group_size, step)
+        except SidecarError as e:
+            if self.sidecar is None or self.sidecar.server is None:
+                raise
+            self.console.print(f"step {step}: the vLLM sidecar failed ({e}); restarting "
+                               "it and running the rollout again")
+            # A second failure ends the run.
+            trajs, stats = self.episodes(share, batch.group_size, step)
+        return Rollout(batch, records, trajs, stats, len(share))
 
     def episodes(self, share: list[Record], group_size: int, step: int
                  ) -> tuple[list[Trajectory], EpisodeStats]:
