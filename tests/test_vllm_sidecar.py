@@ -237,13 +237,14 @@ def test_server_killed_mid_call_fails_loudly_then_restarts(setup):
 
     def call():
         try:
-            outcome["result"] = sampler.generate(prompts * 3, long)
+            outcome["result"] = sampler.generate(prompts * 8, long)
         except SidecarError as e:
             outcome["error"] = e
 
     thread = threading.Thread(target=call)
     thread.start()
-    time.sleep(1.0)
+    # An idle machine decoded 3 x 400 tokens within 1 s once: more rows, an earlier kill.
+    time.sleep(0.5)
     killed = time.monotonic()
     server.kill()
     thread.join(timeout=60)
