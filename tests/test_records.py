@@ -89,6 +89,20 @@ def test_validation_errors_name_field_and_sample_id(changes, field):
     assert f"field {field!r}" in message and "'q-1'" in message
 
 
+def test_an_unscored_question_needs_no_gold_and_no_domain():
+    from jax_routeweaver.data.records import UNSCORED
+
+    served = Record(sample_id="req-1", domain=None, dataset="serve", scorer_dataset=UNSCORED,
+                    question="What is 2+2?", gold=())
+    assert served.domain is None and served.to_row()["extra_info"]["domain"] is None
+    with pytest.raises(RecordError, match="'domain'"):
+        Record(sample_id="q", domain=None, dataset="d", scorer_dataset="math", question="q",
+               gold=("1",))
+    with pytest.raises(RecordError, match="'gold'"):
+        Record(sample_id="q", domain="MATH", dataset="d", scorer_dataset="math", question="q",
+               gold=())
+
+
 def test_sample_id_must_be_present():
     with pytest.raises(RecordError, match="field 'sample_id'"):
         make(sample_id="")

@@ -576,12 +576,26 @@ GOOD = {"description": "d", "base_url": "http://127.0.0.1:9/v1", "model": "m", "
     ({"workers": {"worker_1": {**GOOD, "description": "Runs m-large", "model": "m-large"}}},
      "names the model"),
     ({"workers": {"worker_1": {**GOOD, "description": ""}}}, "'workers.worker_1.description'"),
+    ({"workers": {"worker_1": {**GOOD, "fallback": "worker_2"}}},
+     "'workers.worker_1.fallback' must name another worker of the file, got 'worker_2'"),
+    ({"workers": {"worker_1": {**GOOD, "fallback": "worker_1"}}},
+     "'workers.worker_1.fallback' must name another worker"),
+    ({"workers": {"worker_1": {**GOOD, "fallback": "big"}}},
+     "'workers.worker_1.fallback' must be a worker id"),
 ])
 def test_channel_file_errors_name_file_and_field(tmp_path, data, field):
     path = write_yaml(tmp_path, data)
     with pytest.raises(ChannelConfigError, match=field) as info:
         load_channels(path)
     assert str(info.value).startswith(f"{path}: ")
+
+
+def test_a_fallback_worker_is_read_from_the_channel_file(tmp_path):
+    path = write_yaml(tmp_path, {"workers": {"worker_1": {**GOOD, "fallback": "worker_2"},
+                                             "worker_2": GOOD}})
+    config = load_channels(path)
+    assert config.channel("worker_1").fallback == "worker_2"
+    assert config.channel("worker_2").fallback is None
 
 
 def test_secrets_in_channel_file_are_rejected_without_echo(tmp_path):

@@ -17,6 +17,7 @@ from jax_routeweaver.cli.hf_cmd import EXPORT_HF, IMPORT_HF
 from jax_routeweaver.cli.plan_cmd import PLAN
 from jax_routeweaver.cli.sandbox_cmd import SANDBOX
 from jax_routeweaver.cli.selfcheck_cmd import SELFCHECK
+from jax_routeweaver.cli.serve_cmd import SERVE, SIMULATE_WORKERS
 from jax_routeweaver.cli.train_cmd import TRAIN, WARM_START
 from jax_routeweaver.rewards.sandbox import SandboxError
 
@@ -25,7 +26,8 @@ EXIT_ERROR = 2
 UnraisableHook = Callable[["sys.UnraisableHookArgs"], object]
 
 COMMANDS: tuple[Command, ...] = (IMPORT_HF, EXPORT_HF, TRAIN, WARM_START, SELFCHECK, SANDBOX,
-                                 PLAN, CALIBRATE_COST, DATA, EVAL)
+                                 PLAN, CALIBRATE_COST, DATA, EVAL, SERVE,
+                                 SIMULATE_WORKERS)
 
 
 def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:

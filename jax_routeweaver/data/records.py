@@ -37,6 +37,7 @@ from typing import Any
 __all__ = [
     "CODE_SCORER_DATASETS",
     "FORCED_MODES",
+    "UNSCORED",
     "Domain",
     "Record",
     "RecordError",
@@ -57,6 +58,9 @@ FORCED_MODES = ("single", "multi", "agentic")
 # Scorers that execute a program against `meta.tests` (the reference's code scorers); their rows
 # need tests.
 CODE_SCORER_DATASETS = frozenset({"stdin", "apps_functional", "livecodebench", "taco_mm"})
+# The scorer name of a question nobody grades (a request to the serving endpoint, `serving`):
+# it needs no gold answer and may have no domain.
+UNSCORED = "unscored"
 
 RECORD_ROW_KEYS = ("data_source", "prompt", "extra_info")
 EXTRA_INFO_KEYS = ("payload_json", "scorer_dataset", "sample_id", "batch_index", "domain",
@@ -95,7 +99,8 @@ class Record:
 
     Fields (reference row location in brackets):
       sample_id       [extra_info.sample_id] unique id of the question.
-      domain          [extra_info.domain] a `Domain` (strings are converted, any case).
+      domain          [extra_info.domain] a `Domain` (strings are converted, any case); None
+                      only for an `UNSCORED` question (a served request's is unknown).
       dataset         [extra_info.dataset] benchmark name (logged as `rfm_dataset`).
       scorer_dataset  [extra_info.scorer_dataset] which scorer grades it.
       question        [payload_json.raw_question] the raw question, verbatim.
@@ -113,7 +118,7 @@ class Record:
     """
 
     sample_id: str
-    domain: Domain
+    domain: Domain | None
     dataset: str
     scorer_dataset: str
     question: str
@@ -139,6 +144,8 @@ class Record:
                 raise field_error(sid, "domain", f"{self.domain!r} is not one of "
                                   f"{[d.value for d in Domain]}") from None
             object.__setattr__(self, "domain", domain)
+        elif domain is None and self.scorer_dataset == UNSCORED:
+            pass
         elif not isinstance(domain, Domain):
             raise field_error(sid, "domain",
                               f"expected a Domain or string, got {type(domain).__name__}")
@@ -181,7 +188,8 @@ class Record:
         if not _json_ok(self.meta):
             raise field_error(sid, "meta", "must be JSON-serialisable (no NaN, no custom objects)")
         is_code = self.scorer_dataset in CODE_SCORER_DATASETS
-        if not is_code and not any(g.strip() for g in self.gold):
+        if not is_code and self.scorer_dataset != UNSCORED \
+                and not any(g.strip() for g in self.gold):
             raise field_error(sid, "gold", f"needs at least one non-empty answer for scorer "
                               f"{self.scorer_dataset!r}")
         if is_code:
@@ -242,7 +250,7 @@ class Record:
             "scorer_dataset": self.scorer_dataset,
             "sample_id": self.sample_id,
             "batch_index": self.batch_index,
-            "domain": self.domain.value,
+            "domain": None if self.domain is None else self.domain.value,
             "pool": self.pool,
             "dataset": self.dataset,
             "forced_mode": self.forced_mode,

@@ -68,3 +68,17 @@ class WorkerPool(Protocol):
                    ) -> WorkerCall:
         """Send `prompt` as one user message to `worker`; never raises for call failures."""
         ...
+
+
+class PoolView:
+    """A `WorkerPool` over another pool's workers (`pool`): the same ids and descriptions;
+    a subclass says what its `call` does (strip tags, replay, keep a budget, ...)."""
+
+    def __init__(self, pool: WorkerPool):
+        self.pool = pool
+
+    def worker_ids(self) -> list[str]:
+        return self.pool.worker_ids()
+
+    def description(self, worker: str) -> str:
+        return self.pool.description(worker)

@@ -13,6 +13,8 @@ Channel file (`configs/channels/*.yaml`; unknown keys are errors)::
         extra_body: {...}                # optional: merged into the request body
         price: {input: 0.02, output: 0.05}   # optional: USD per 1M tokens
         backend: qwen3_8b                # optional: label the price is pinned to
+        fallback: worker_2               # optional: serving calls this worker instead when
+                                         # a call to worker_1 fails after its retries
 
 Secrets: a key is read from its environment variable at call time and sent only in the
 `Authorization` header. It is never stored on the pool or the config, never logged, never put in
@@ -44,7 +46,7 @@ _ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_REQUIRED = {"workers"}
 _TOP_OPTIONAL = {"price_table_version"}
 _WORKER_REQUIRED = {"description", "base_url", "model", "timeout_s"}
-_WORKER_OPTIONAL = {"api_key_env", "extra_body", "price", "backend"}
+_WORKER_OPTIONAL = {"api_key_env", "extra_body", "price", "backend", "fallback"}
 _PRICE_KEYS = {"input", "output"}
 # Set by the pool (as the reference's client sets them); an extra_body that changed them would
 # silently change the experiment.
@@ -69,6 +71,10 @@ class Channel:
     extra_body: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     price: WorkerPrice | None = None
     backend: str | None = None
+    # The worker `routeweaver serve` calls instead when a call to this one fails after its
+    # retries (another worker of the same file); None: the request fails. Training and
+    # evaluation never substitute a worker (a failed call makes the row infra).
+    fallback: str | None = None
 
     @property
     def url(self) -> str:
@@ -131,6 +137,11 @@ def parse_channels(raw: Any, path: str = "<channels>") -> ChannelConfig:
                                  "worker_<N> -> channel entry")
     channels = [_parse_channel(worker, entry, path) for worker, entry in workers.items()]
     channels.sort(key=lambda c: int(c.worker.split("_")[1]))
+    ids = {c.worker for c in channels}
+    for c in channels:
+        if c.fallback is not None and (c.fallback not in ids or c.fallback == c.worker):
+            raise ChannelConfigError(f"{path}: field 'workers.{c.worker}.fallback' must name "
+                                     f"another worker of the file, got {c.fallback!r}")
     version = raw.get("price_table_version")
     if version is not None and not isinstance(version, str):
         raise ChannelConfigError(f"{path}: field 'price_table_version' must be a string")
@@ -180,7 +191,17 @@ def _parse_channel(worker: Any, entry: Any, path: str) -> Channel:
         extra_body=_extra_body(entry.get("extra_body"), path, f"{where}.extra_body"),
         price=_price(entry.get("price"), backend, path, f"{where}.price"),
         backend=backend,
+        fallback=_fallback(entry.get("fallback"), path, f"{where}.fallback"),
     )
+
+
+def _fallback(value: Any, path: str, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not WORKER_ID_PATTERN.fullmatch(value):
+        raise ChannelConfigError(f"{path}: field '{field}' must be a worker id worker_<N>, "
+                                 f"got {value!r}")
+    return value
 
 
 def _nonempty_str(entry: Mapping[str, Any], key: str, path: str, where: str) -> str:

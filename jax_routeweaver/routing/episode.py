@@ -263,7 +263,7 @@ async def run_episodes_async(records: Sequence[Record], sampler: Sampler, worker
             break
         stats.rounds += 1
         start = time.perf_counter()
-        completions = _sample(sampler, turns)
+        completions = await _sample(sampler, turns)
         stats.sampler_s += time.perf_counter() - start
         cpu = time.process_time()
         pending = _read_turns(turns, completions)
@@ -359,9 +359,13 @@ def _observe(pending: Sequence[tuple[Trajectory, Env, Step]],
                 traj.add_env(ids)
 
 
-def _sample(sampler: Sampler, turns: list[tuple[Trajectory, Env, Turn, list[int]]]
-            ) -> list[Completion]:
-    """One `generate` call per distinct SamplingParams; completions in `turns` order."""
+async def _sample(sampler: Sampler, turns: list[tuple[Trajectory, Env, Turn, list[int]]]
+                  ) -> list[Completion]:
+    """One `generate` call per distinct SamplingParams; completions in `turns` order. A
+    sampler with an ``agenerate`` coroutine (same arguments as `Sampler.generate`, e.g.
+    `serving.batcher.BatchingSampler`, which merges the turns of concurrent episode runs) is
+    awaited instead, so other episodes run while it samples."""
+    agenerate = getattr(sampler, "agenerate", None)
     groups: dict[SamplingParams, list[int]] = {}
     for i, (_, _, turn, _) in enumerate(turns):
         groups.setdefault(turn.params, []).append(i)
@@ -369,8 +373,11 @@ def _sample(sampler: Sampler, turns: list[tuple[Trajectory, Env, Turn, list[int]
     for params, idx in groups.items():
         prompts = [turns[i][3] for i in idx]
         grammars = [turns[i][2].grammar for i in idx]
-        if any(g is not None for g in grammars):
-            completions = sampler.generate(prompts, params, grammars)
+        constrained = grammars if any(g is not None for g in grammars) else None
+        if agenerate is not None:
+            completions = await agenerate(prompts, params, constrained)
+        elif constrained is not None:
+            completions = sampler.generate(prompts, params, constrained)
         else:
             completions = sampler.generate(prompts, params)
         for i, c in zip(idx, completions, strict=True):

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from jax_routeweaver.routing.calls import Usage, WorkerCall, WorkerPool
+from jax_routeweaver.routing.calls import PoolView, Usage, WorkerCall, WorkerPool
 from jax_routeweaver.routing.workers import DEFAULT_MAX_TOKENS, DEFAULT_SEED, DEFAULT_TEMPERATURE
 
 ReplayMode = Literal["record", "replay", "off"]
@@ -301,7 +301,7 @@ def _scrub(value: Any, secrets: Sequence[str]) -> Any:
     return value
 
 
-class ReplayPool:
+class ReplayPool(PoolView):
     """A `WorkerPool` answering from (and filling) a `ReplayCache`; see the module doc.
 
     `pool`: the real pool (its `worker_ids` / `description` are the catalog; in replay mode
@@ -319,19 +319,13 @@ class ReplayPool:
         if mode == "replay" and not Path(cache).is_file():
             raise FileNotFoundError(f"replay: no worker cache {cache} (record one first: "
                                     "--replay record)")
-        self.pool = pool
+        super().__init__(pool)
         self.mode = mode
         self.identify = identify or pool_identity(pool)
         self.secrets = tuple(s for s in secrets if s)
         self.cache = ReplayCache(cache) if mode != "off" else None
         self.stats = ReplayStats()
         self._inflight: dict[str, asyncio.Future[WorkerCall]] = {}
-
-    def worker_ids(self) -> list[str]:
-        return self.pool.worker_ids()
-
-    def description(self, worker: str) -> str:
-        return self.pool.description(worker)
 
     async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
                    ) -> WorkerCall:

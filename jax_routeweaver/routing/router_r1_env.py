@@ -16,7 +16,7 @@ from typing import Any
 
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.routing import router_r1 as r1
-from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
+from jax_routeweaver.routing.calls import PoolView, WorkerCall
 from jax_routeweaver.routing.episode import CallRequest, EnvFactory, Step, Trajectory, Turn
 from jax_routeweaver.routing.routeweaver_env import answer_candidates
 from jax_routeweaver.sampling.base import Completion, SamplingParams
@@ -266,7 +266,7 @@ def router_r1_grammar(state: r1.EpisodeState, config: r1.RouterR1Config,
 
 
 # ------------------------------------------------------------------ simulated replies
-class TagFreeReplies:
+class TagFreeReplies(PoolView):
     """A `WorkerPool` view of `pool` whose replies have Router-R1's tag strings removed.
 
     The simulated workers reply in RouteWeaver's worker format (``<answer>X</answer>``);
@@ -275,15 +275,6 @@ class TagFreeReplies:
     make every routed episode −1. A simulated Router-R1 run therefore uses this view; real
     endpoints are used as they reply (compat). Usage (and so cost) is the original reply's.
     """
-
-    def __init__(self, pool: WorkerPool):
-        self.pool = pool
-
-    def worker_ids(self) -> list[str]:
-        return self.pool.worker_ids()
-
-    def description(self, worker: str) -> str:
-        return self.pool.description(worker)
 
     async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
                    ) -> WorkerCall:

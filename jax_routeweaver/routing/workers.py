@@ -206,6 +206,13 @@ class HttpWorkerPool:
         (`ChannelConfig.prices`; a worker without one is unpriced, never free)."""
         return self._config.prices()
 
+    def usage_bound(self, worker: str, prompt: str, max_tokens: int | None = None
+                    ) -> UsageLimits:
+        """The most tokens one attempt of this call can be billed for: a reply reporting
+        more is implausible and its usage is never taken (`http_replies.UsageLimits`). The
+        serving budget prices a call's worst case from it (`serving.budget`)."""
+        return UsageLimits.for_body(self._body(self._channel(worker), prompt, max_tokens))
+
     @property
     def peak_reply_bytes(self) -> int:
         """The most bytes (decoded) the pool has held for one reply body so far."""

@@ -1,0 +1,244 @@
+"""Serving benchmark: `routeweaver serve` under N concurrent OpenAI clients, against the same
+requests sent straight to one worker.
+
+Setup (all on loopback): the SIMULATED workers behind real HTTP (`routing.simulated_http`),
+each completion taking `--delay` seconds; `routeweaver serve` as its own process on a router
+checkpoint (default: a random-init quickstart router, built here; `--checkpoint` for a
+trained run); `--clients` concurrent `openai.AsyncOpenAI` clients send `--requests` questions
+(synthetic tasks), each with a `max_cost` cycling through `--budgets`. An untimed warm-up pass
+(`--warmup` requests at the same concurrency) compiles the sampler's shapes first;
+`--server-warmup ROWS` has the server compile them itself before it listens (`serve --warmup`).
+
+Printed: throughput, p50/p99 latency, errors and lost requests; the router's own overhead
+(latency not spent waiting for workers: sampling, queueing for the shared sampler,
+orchestration; from each response's routing record) as a share of the p50 latency (goal:
+<= 20 % at 32 clients with 1 s workers); the share of requests whose cost stayed within
+their max_cost (goal: 100 %); and the reference: the same questions sent straight to
+worker_1 (one call each) at the same concurrency.
+
+    python bench/serve.py                       # 32 clients, 256 requests, 1 s workers
+    python bench/serve.py --checkpoint runs/quickstart --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+PORT_LINE = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+
+
+def tiny_run(root: Path) -> Path:
+    """A run directory holding a random-init quickstart router (as the tests build one)."""
+    from rich.console import Console
+
+    from jax_routeweaver.config import dump_config
+    from jax_routeweaver.models.sharding import make_mesh
+    from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
+    from jax_routeweaver.rl.checkpoint import save_policy
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    run = root / "run"
+    cfg = load_train_config(QUICKSTART, [f"out_dir={run}", "model.init=random",
+                                         "logging.progress=false"])
+    records = build_records(cfg, Console(file=io.StringIO()))
+    tokenizer = build_tokenizer(cfg, records, build_pool(cfg, records, check=False))
+    tokenizer.save_pretrained(str(root / "tokenizer"))
+    model = build_policy(cfg, make_mesh((1, -1, 1)), tokenizer)
+    save_policy(model, run / "checkpoints" / "policy", 1, tokenizer_dir=root / "tokenizer")
+    dump_config(cfg, run / "config.yaml")
+    return run
+
+
+def start_server(checkpoint: Path, channels: Path, log: Path, max_batch: int, warmup: int,
+                 overrides: list[str]) -> tuple:
+    """`routeweaver serve` on a free loopback port; (process, base url)."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env.pop("ROUTEWEAVER_SERVE_TOKEN", None)
+    out = log.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "jax_routeweaver.cli", "serve",
+                             "--checkpoint", str(checkpoint), "--channels", str(channels),
+                             "--port", "0", "--max-batch", str(max_batch), "--warmup",
+                             str(warmup), *overrides],
+                            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        found = PORT_LINE.search(log.read_text())
+        if found:
+            return proc, f"http://127.0.0.1:{found.group(1)}/v1"
+        if proc.poll() is not None:
+            raise RuntimeError(f"routeweaver serve exited {proc.returncode}:\n{log.read_text()}")
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("routeweaver serve did not start in 600 s")
+
+
+async def routed(url: str, questions: list[str], budgets: list[float], modes: list[str],
+                 clients: int) -> list:
+    """(latency s, routing record or None, error or None) per question, in order; question i
+    gets budget i mod len(budgets) and mode i mod len(modes) ("auto": the router's)."""
+    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600,
+                                http_client=httpx.AsyncClient(
+                                    limits=httpx.Limits(max_connections=clients), trust_env=False))
+    gate = asyncio.Semaphore(clients)
+
+    def mode(i: int) -> str:
+        return modes[i % len(modes)]
+
+    async def one(i: int, question: str) -> tuple:
+        async with gate:
+            start = time.perf_counter()
+            try:
+                c = await client.chat.completions.create(
+                    model="routeweaver", messages=[{"role": "user", "content": question}],
+                    extra_body={"max_cost": budgets[i % len(budgets)],
+                                **({} if mode(i) == "auto" else {"mode": mode(i)})})
+                return time.perf_counter() - start, c.routeweaver, None
+            except openai.APIError as e:
+                return time.perf_counter() - start, None, f"{type(e).__name__}: {e}"
+
+    out = await asyncio.gather(*(one(i, q) for i, q in enumerate(questions)))
+    await client.close()
+    return list(out)
+
+
+async def direct(url: str, questions: list[str], clients: int, worker: str = "sim-1") -> list:
+    """Latency of each question sent straight to one worker (the reference)."""
+    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600,
+                                http_client=httpx.AsyncClient(
+                                    limits=httpx.Limits(max_connections=clients), trust_env=False))
+    gate = asyncio.Semaphore(clients)
+
+    async def one(question: str) -> float:
+        async with gate:
+            start = time.perf_counter()
+            await client.chat.completions.create(
+                model=worker, messages=[{"role": "user", "content": question}], max_tokens=4096)
+            return time.perf_counter() - start
+
+    out = await asyncio.gather(*(one(q) for q in questions))
+    await client.close()
+    return list(out)
+
+
+def pct(values: list[float], q: float) -> float:
+    from jax_routeweaver.routing.pricing import percentile_linear
+
+    return percentile_linear(sorted(values), q)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", type=Path, default=None)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=128)
+    p.add_argument("--delay", type=float, default=1.0, help="seconds per worker completion")
+    p.add_argument("--budgets", default="0.00025,0.0005,0.002,0.01",
+                   help="max_cost values (USD) the requests cycle through")
+    p.add_argument("--modes", default="auto",
+                   help="modes the requests cycle through: auto (the router decides), single, "
+                        "multi, agentic (forced)")
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--server-warmup", type=int, default=0, metavar="ROWS",
+                   help="serve --warmup ROWS: compile the router's shapes before listening")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="run-config overrides passed to routeweaver serve")
+    args = p.parse_args()
+
+    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+    from jax_routeweaver.routing.simulated_http import SimulatedHttpWorkers, simulated_channel_file
+    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+
+    work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
+    checkpoint = args.checkpoint or tiny_run(work)
+    run_dir = checkpoint if (checkpoint / "config.yaml").is_file() else None
+    cfg = load_train_config(run_dir / "config.yaml" if run_dir else QUICKSTART, [])
+    d = cfg.data
+    # Questions of the run's own synthetic set (the workers know their answers); the
+    # warm-up uses others of the same set.
+    tasks = synthetic_tasks(d.synthetic_queries, seed=d.synthetic_seed, levels=d.synthetic_levels)
+    sim = SimulatedWorkerPool(tasks, seed=cfg.workers.seed)
+    budgets = [float(b) for b in args.budgets.split(",")]
+    modes = args.modes.split(",")
+    warm = [t.question for t in tasks[:args.warmup]]
+    measured = [t.question for t in tasks[args.warmup:args.warmup + args.requests]]
+    with SimulatedHttpWorkers(sim, delay_s=args.delay) as workers:
+        channels = simulated_channel_file(work / "channels.yaml", sim, workers.url,
+                                          fallbacks={"worker_6": "worker_1"})
+        proc, url = start_server(checkpoint, channels, work / "serve.log", args.max_batch,
+                                 args.server_warmup, args.overrides)
+        try:
+            asyncio.run(routed(url, warm, budgets, modes, args.clients))
+            start = time.perf_counter()
+            results = asyncio.run(routed(url, measured, budgets, modes, args.clients))
+            wall = time.perf_counter() - start
+            floor = asyncio.run(direct(workers.url, measured, args.clients))
+            metrics = httpx.get(url.removesuffix("/v1") + "/metrics", trust_env=False).text
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+    ok = [(lat, rec) for lat, rec, err in results if err is None]
+    errors = Counter(err.split(":")[0] for _, _, err in results if err is not None)
+    lat = [lat for lat, _ in ok]
+    router = [rec["router_s"] for _, rec in ok]
+    within = [rec["total_cost_usd"] <= rec["max_cost_usd"] for _, rec in ok]
+    p50 = pct(lat, 0.5) if lat else float("nan")
+    summary = {
+        "clients": args.clients, "requests": len(measured), "worker_delay_s": args.delay,
+        "budgets_usd": args.budgets, "modes_asked": args.modes,
+        "server_warmup_rows": args.server_warmup, "client_warmup_requests": args.warmup,
+        "checkpoint": str(args.checkpoint or "random-init quickstart"),
+        "ok": len(ok), "errors": dict(errors), "lost": len(measured) - len(results),
+        "throughput_rps": len(ok) / wall,
+        "latency_p50_s": p50, "latency_p99_s": pct(lat, 0.99) if lat else float("nan"),
+        "router_overhead_p50_s": statistics.median(router) if router else float("nan"),
+        "router_overhead_share_of_p50": (statistics.median(router) / p50) if router else None,
+        "within_budget_share": sum(within) / len(within) if within else None,
+        "refused_calls": sum(rec["refused_calls"] for _, rec in ok),
+        "answer_sources": dict(Counter(rec["answer_source"] for _, rec in ok)),
+        "modes": dict(Counter(rec["mode"] for _, rec in ok)),
+        "worker_calls_mean": statistics.mean(len(rec["calls"]) for _, rec in ok) if ok else 0,
+        "direct_p50_s": pct(floor, 0.5), "direct_p99_s": pct(floor, 0.99),
+        "p50_vs_direct": p50 / pct(floor, 0.5),
+        "sampler_batches": _metric(metrics, "routeweaver_sampler_batch_rows_count"),
+        "sampler_rows": _metric(metrics, "routeweaver_sampler_batch_rows_sum"),
+        "sampler_seconds": _metric(metrics, "routeweaver_sampler_batch_seconds_sum"),
+    }
+    for key, value in summary.items():
+        print(f"{key:32s} {value:.4g}" if isinstance(value, float) else f"{key:32s} {value}")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    good = (not errors and summary["lost"] == 0 and summary["within_budget_share"] == 1.0
+            and summary["router_overhead_share_of_p50"] <= 0.20)
+    print("goal (0 errors, 0 lost, 100 % within max_cost, overhead <= 20 % of p50):",
+          "met" if good else "NOT met")
+    return 0
+
+
+def _metric(text: str, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else float("nan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The SIMULATED workers behind real HTTP: an OpenAI-compatible chat endpoint on loopback,
+and a channel file pointing workers at it.
+
+A stand-in for the paid worker APIs, which cannot be reached here: model ``sim-K`` answers
+as simulated ``worker_K`` (`simulated.SimulatedWorkerPool`), so the real `HttpWorkerPool`,
+`routeweaver serve` and their clients run over real sockets without a key. Used by the
+tests, `bench/serve.py` and anyone trying the server on the embedded default.
+
+    POST {url}/chat/completions   a chat completion with usage (after `delay_s`; 500 for a
+                                  model in `failing`)
+    GET  {url}/models             the OpenAI model list (`models`, status `models_status`)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jax_routeweaver.routing.pricing import REFERENCE_PRICES
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+
+
+class _Server(ThreadingHTTPServer):
+    # Many clients connect at once (the serving benchmark's 32): the default backlog of 5
+    # would refuse some of them.
+    request_queue_size = 256
+    daemon_threads = True
+
+
+def model_name(worker: str) -> str:
+    """``worker_K`` -> ``sim-K``, the model name the endpoint serves it as."""
+    return f"sim-{worker.split('_', 1)[1]}"
+
+
+class SimulatedHttpWorkers:
+    """The endpoint (module docstring), serving from a thread until `close`. `delay_s`:
+    seconds each completion takes; `failing`: models (``sim-K``) that answer 500. It keeps
+    every completion body (`bodies`) and each model-list request's Authorization header
+    (`models_auth`); `models` / `models_status` / `failing` / `delay_s` may be changed while
+    it runs."""
+
+    def __init__(self, sim: SimulatedWorkerPool, *, models: Iterable[str] | None = None,
+                 delay_s: float = 0.0, failing: Iterable[str] = (), port: int = 0):
+        self.sim = sim
+        self.bodies: list[dict[str, Any]] = []
+        self.models = [model_name(w) for w in sim.worker_ids()] if models is None \
+            else list(models)
+        self.models_status = 200
+        self.models_auth: list[str | None] = []
+        self.delay_s = float(delay_s)
+        self.failing = set(failing)
+        self._lock = threading.Lock()
+        self.httpd = _Server(("127.0.0.1", port), self._handler())
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True,
+                                       name="simulated-http-workers")
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> SimulatedHttpWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def completion(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """(status, reply) of one chat-completion body."""
+        with self._lock:
+            self.bodies.append(body)
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+        if body.get("model") in self.failing:
+            return 500, {"error": {"message": "simulated upstream failure"}}
+        worker = "worker_" + str(body["model"]).split("-", 1)[1]
+        call = self.sim.respond(worker, body["messages"][0]["content"],
+                                max_tokens=body.get("max_tokens"))
+        usage = {"prompt_tokens": call.usage.prompt_tokens,
+                 "completion_tokens": call.usage.completion_tokens}
+        return 200, {"object": "chat.completion", "model": body["model"],
+                     "choices": [{"index": 0, "message": {"role": "assistant",
+                                                          "content": call.text},
+                                  "finish_reason": "stop"}], "usage": usage}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                outer.models_auth.append(self.headers.get("Authorization"))
+                found = self.path.rstrip("/").endswith("/models")
+                self._reply(outer.models_status if found else 404, {
+                    "object": "list", "data": [{"id": m, "object": "model"}
+                                               for m in outer.models]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                self._reply(*outer.completion(body))
+
+            def _reply(self, status: int, data: dict[str, Any]) -> None:
+                payload = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        return Handler
+
+
+def simulated_channel_file(path: Path, sim: SimulatedWorkerPool, url: str, *,
+                           prices: Mapping[str, tuple[float, float] | None] | None = None,
+                           key_env: Mapping[str, str] | None = None,
+                           fallbacks: Mapping[str, str] | None = None,
+                           timeout_s: float = 30) -> Path:
+    """Write a channel file for every simulated worker at `url` and return its path. Prices:
+    the reference table (as the simulated pool bills), or `prices` (worker -> (input, output)
+    USD per 1M tokens, None: no price entry). `key_env`: worker -> the variable NAME holding
+    its key; `fallbacks`: worker -> fallback worker."""
+    workers: dict[str, dict[str, Any]] = {}
+    for w in sim.worker_ids():
+        entry: dict[str, Any] = {"description": sim.description(w), "base_url": url,
+                                 "model": model_name(w), "timeout_s": timeout_s}
+        price = (REFERENCE_PRICES[w].input_usd_per_m, REFERENCE_PRICES[w].output_usd_per_m) \
+            if prices is None else prices.get(w)
+        if price is not None:
+            entry["price"] = {"input": price[0], "output": price[1]}
+        if key_env and w in key_env:
+            entry["api_key_env"] = key_env[w]
+        if fallbacks and w in fallbacks:
+            entry["fallback"] = fallbacks[w]
+        workers[w] = entry
+    path.write_text(yaml.safe_dump({"workers": workers}))
+    return path

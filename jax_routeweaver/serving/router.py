@@ -1,0 +1,256 @@
+"""One served request: the router declares a mode, calls workers under the protocol's rules
+within the request's budget, and answers; `RouterService.route` returns the answer and its
+routing record.
+
+Per request (`RouteRequest`):
+
+1. The offered workers are the request's list (default: the served ones) less those whose
+   first call's worst case already exceeds `max_cost` (the router is never offered a worker it
+   cannot afford; `serving.budget`). None left: `BudgetTooSmall`.
+2. One RouteWeaver episode runs against the shared batching sampler and a `BudgetedPool` over
+   the server's worker pool (its calls within the budget, a failed one replaced by its
+   channel's fallback, else `WorkerFailed`). A forced mode is injected as the curriculum's
+   forced arm is (the mode declaration is written for the router).
+3. The answer is the router's. An episode that ends without one (a violation, the turn
+   limit, a call refused for budget) falls back to the cheapest way to answer within the
+   budget, and the record says which (`answer_source`): the last successful worker reply
+   (free), else one call to the worker with the lowest worst-case price that still fits
+   (``cheapest_worker``), else `BudgetExhausted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jax_routeweaver.data.records import UNSCORED, Record
+from jax_routeweaver.routing import prompts
+from jax_routeweaver.routing.answers import extract_answer
+from jax_routeweaver.routing.calls import PoolView, WorkerCall
+from jax_routeweaver.routing.episode import (
+    SOURCE_ENV,
+    EnvFactory,
+    Trajectory,
+    run_episodes_async,
+)
+from jax_routeweaver.routing.grammar import MODES
+from jax_routeweaver.routing.pricing import Prices
+from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
+from jax_routeweaver.serving.budget import BudgetedPool, WorkerFailed
+
+# The task the fallback's direct call carries (a single-mode payload).
+DIRECT_TASK = "Answer the question."
+# What `RouterService.warm_up` routes, and the error its calls fail with.
+WARM_UP_QUESTION = "What is the sum of the first ten positive integers?"
+WARM_UP_ERROR = "warm_up: no worker is called while the server warms up"
+ANSWER_SOURCES = ("router", "last_reply", "cheapest_worker")
+
+
+class BudgetTooSmall(ValueError):
+    """No offered worker's first call fits `max_cost`; `needed`: the cheapest worst case."""
+
+    def __init__(self, max_cost: float, needed: float, worker: str):
+        self.max_cost, self.needed, self.worker = max_cost, needed, worker
+        super().__init__(f"max_cost={max_cost:g} USD is below the worst case of any offered "
+                         f"worker's call (cheapest: {worker}, {needed:.6g} USD)")
+
+
+class BudgetExhausted(RuntimeError):
+    """The episode gave no answer and no worker call fits what is left of the budget."""
+
+    def __init__(self, record: dict[str, Any]):
+        self.record = record
+        super().__init__(f"no answer within max_cost={record['max_cost_usd']:g} USD: the "
+                         f"router gave none and no worker call fits the "
+                         f"{record['budget_left_usd']:.6g} USD left")
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteRequest:
+    """What one request asks for. `max_cost`: USD for all worker calls (None: no budget);
+    `mode`: a forced mode (single | multi | agentic) or None (the router decides);
+    `workers`: the worker ids it may call (() = every served one); `worker_max_tokens`: a
+    lower completion cap for each worker call (None: the protocol's)."""
+
+    question: str
+    max_cost: float | None = None
+    mode: str | None = None
+    workers: tuple[str, ...] = ()
+    worker_max_tokens: int | None = None
+    request_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteResult:
+    """The answer, the routing record (`routing_record`) and the router's own token counts
+    (prompt: the episode's context tokens it read; completion: the tokens it wrote)."""
+
+    answer: str
+    record: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class NoWorkerPool(PoolView):
+    """A warm-up's pool: the served pool's catalog, but every call fails at once without
+    being sent (``warm_up``), so compiling the router's shapes pays no worker."""
+
+
+    async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
+                   ) -> WorkerCall:
+        return WorkerCall(worker, prompt, "", False, attempts=0, error=WARM_UP_ERROR)
+
+
+class RouterService:
+    """Routes requests with one tokenizer, one (batching) sampler and one worker pool.
+
+    `config`: the RouteWeaver environment of the checkpoint's run (`rl.routeweaver_run.
+    env_config`, greedy); `served`: the worker ids requests may use (default: the config's
+    offered, else the pool's); `prices`: the table calls are billed at; `fallbacks`: worker ->
+    fallback worker (the channel file's)."""
+
+    def __init__(self, tokenizer: Any, sampler: Any, pool: Any, config: EnvConfig,
+                 prices: Prices, *, fallbacks: Mapping[str, str] | None = None,
+                 served: Sequence[str] = ()):
+        self.tokenizer, self.sampler, self.pool, self.config = tokenizer, sampler, pool, config
+        self.prices, self.fallbacks = prices, dict(fallbacks or {})
+        self.served = tuple(served or config.offered or pool.worker_ids())
+        unpriced = [w for w in (*self.served, *self.fallbacks.values()) if w not in prices]
+        if unpriced:
+            raise ValueError(f"served workers {unpriced} have no price: a budget cannot be "
+                             "honoured for them")
+        self._factories: dict[tuple[tuple[str, ...], int], EnvFactory] = {}
+
+    async def warm_up(self, rows: Sequence[int], question: str = WARM_UP_QUESTION) -> int:
+        """Compile the sampler's shapes before the first request: for each `rows` entry n,
+        n episodes of `question` at once (through the shared sampler, as n concurrent
+        requests would; modes cycling free, single, multi, agentic), against a pool that
+        calls no worker (`NoWorkerPool`: every call fails at once, so nothing is paid and
+        the router sees failed calls). Returns the episodes run."""
+        pool = NoWorkerPool(self.pool)
+        modes = (None, "single", "multi", "agentic")
+        done = 0
+        for n in rows:
+            records = [Record(sample_id=f"warm-up-{n}-{i}", domain=None, dataset="serve",
+                              scorer_dataset=UNSCORED, question=question, gold=(),
+                              forced_mode=modes[i % len(modes)]) for i in range(n)]
+            make_env = self._factory(self.served, self.config.protocol.worker_max_tokens)
+            await asyncio.gather(*(run_episodes_async([r], self.sampler, pool, make_env)
+                                   for r in records))
+            done += n
+        return done
+
+    def check(self, request: RouteRequest) -> None:
+        """ValueError naming the field for a request this service cannot run."""
+        unknown = [w for w in request.workers if w not in self.served]
+        if unknown:
+            raise ValueError(f"workers: {unknown} not served (served: {list(self.served)})")
+        if request.mode is not None and request.mode not in [str(m) for m in MODES]:
+            raise ValueError(f"mode: {request.mode!r} is not one of single, multi, agentic")
+
+    async def route(self, request: RouteRequest) -> RouteResult:
+        """Run the request (module docstring). Raises `BudgetTooSmall`, `BudgetExhausted`,
+        `budget.WorkerFailed`, or ValueError for a request `check` refuses."""
+        self.check(request)
+        start = time.perf_counter()
+        max_tokens = self._worker_max_tokens(request)
+        budget = BudgetedPool(self.pool, self.prices, request.max_cost, self.fallbacks,
+                              default_max_tokens=max_tokens)
+        offered = self._affordable(request, budget, max_tokens)
+        record = Record(sample_id=request.request_id, domain=None, dataset="serve",
+                        scorer_dataset=UNSCORED, question=request.question, gold=(),
+                        forced_mode=request.mode)
+        make_env = self._factory(offered, max_tokens)
+        try:
+            traj = (await run_episodes_async([record], self.sampler, budget, make_env))[0]
+            budget.label(traj.calls)
+            answer, source = await self._answer(traj, budget, request, max_tokens)
+        except WorkerFailed as e:  # the client sees what was called (and billed) before
+            e.record = routing_record(None, budget, offered, None,
+                                      time.perf_counter() - start, request.request_id)
+            raise
+        rec = routing_record(traj, budget, offered, source, time.perf_counter() - start,
+                             request.request_id)
+        if answer is None:
+            raise BudgetExhausted(rec)
+        # The router read its prompt and the environment's tokens, and wrote the rest.
+        read = traj.token_source.count(SOURCE_ENV)
+        return RouteResult(answer, rec, len(traj.prompt_ids) + read,
+                           len(traj.response_ids) - read)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _worker_max_tokens(self, request: RouteRequest) -> int:
+        cap = self.config.protocol.worker_max_tokens
+        return cap if request.worker_max_tokens is None else min(cap, request.worker_max_tokens)
+
+    def _affordable(self, request: RouteRequest, budget: BudgetedPool,
+                    max_tokens: int) -> tuple[str, ...]:
+        """The requested workers whose first call (a direct payload of the question) fits."""
+        wanted = request.workers or self.served
+        probe = prompts.single_multi_payload(request.question, DIRECT_TASK)
+        fits = tuple(w for w in wanted if budget.fits(w, probe, max_tokens))
+        if not fits:
+            worst = {w: budget.worst_case(w, probe, max_tokens) for w in wanted}
+            cheapest = min(wanted, key=lambda w: worst[w])
+            raise BudgetTooSmall(request.max_cost or 0.0, worst[cheapest], cheapest)
+        return fits
+
+    def _factory(self, offered: tuple[str, ...], max_tokens: int) -> EnvFactory:
+        """One env factory per (offered workers, worker cap), so the rulebook ids are shared."""
+        key = (offered, max_tokens)
+        if key not in self._factories:
+            protocol = dataclasses.replace(self.config.protocol, worker_max_tokens=max_tokens)
+            config = dataclasses.replace(self.config, offered=offered, protocol=protocol)
+            self._factories[key] = routeweaver_envs(self.tokenizer, self.pool, config)
+        return self._factories[key]
+
+    async def _answer(self, traj: Trajectory, budget: BudgetedPool, request: RouteRequest,
+                      max_tokens: int) -> tuple[str | None, str | None]:
+        """The answer and where it came from (module docstring, step 3)."""
+        if traj.answer is not None:
+            return traj.answer, "router"
+        for call in reversed(traj.calls):
+            if call.success and call.text:
+                return extract_answer(call.text) or call.text, "last_reply"
+        payload = prompts.single_multi_payload(request.question, DIRECT_TASK)
+        wanted = request.workers or self.served
+        affordable = [w for w in wanted if budget.fits(w, payload, max_tokens)]
+        if not affordable:
+            return None, None
+        worker = min(affordable, key=lambda w: budget.worst_case(w, payload, max_tokens))
+        call = await budget.call(worker, payload, max_tokens=max_tokens)
+        if not call.success:  # refused: nothing fits any more
+            return None, None
+        return extract_answer(call.text) or call.text, "cheapest_worker"
+
+
+def routing_record(traj: Trajectory | None, budget: BudgetedPool, offered: Sequence[str],
+                   source: str | None, latency_s: float, request_id: str) -> dict[str, Any]:
+    """The routing record of one request (the response's ``routeweaver`` field;
+    docs/serving.md, "The routing record"); `traj` None: the episode did not finish (a
+    worker failed), so only the calls and the budget are known. `router_s`: latency not spent
+    waiting for workers (sampling, queueing for the shared sampler, orchestration)."""
+    worker_s = budget.worker_s
+    return {
+        "id": request_id,
+        "mode": None if traj is None else traj.mode,
+        "forced": bool(traj is not None and traj.forced), "offered": list(offered),
+        "calls": [e.to_json() for e in budget.ledger],
+        "total_cost_usd": budget.spent,
+        "max_cost_usd": budget.max_cost,
+        "budget_left_usd": budget.remaining,
+        "within_budget": budget.within_budget,
+        "refused_calls": len(budget.refusals),
+        "fallback_calls": sum(e.fallback_for is not None for e in budget.ledger),
+        "answer_source": source,
+        "latency_s": round(latency_s, 4),
+        "worker_s": round(worker_s, 4),
+        "router_s": round(max(0.0, latency_s - worker_s), 4),
+        "turns": None if traj is None else traj.turns,
+        "finish": None if traj is None else traj.finish,
+        "violation": None if traj is None else traj.violation,
+    }

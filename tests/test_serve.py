@@ -1,0 +1,502 @@
+"""`routeweaver serve` end to end: the official `openai` client against the endpoint on
+127.0.0.1, the router from a quickstart checkpoint (random-init), the simulated workers
+behind real HTTP (`routing.simulated_http`). One server (uvicorn in a thread) serves the
+module; `test_serve_cli_*` start the real command as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from rich.console import Console
+
+from jax_routeweaver.cli.app import main
+from jax_routeweaver.config import dump_config
+from jax_routeweaver.models.sharding import make_mesh
+from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
+from jax_routeweaver.rl.checkpoint import save_policy
+from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+from jax_routeweaver.routing.simulated_http import SimulatedHttpWorkers, simulated_channel_file
+from jax_routeweaver.serving.app import create_app
+from jax_routeweaver.serving.config import ServeConfig
+from jax_routeweaver.serving.metrics import ServeMetrics
+from jax_routeweaver.serving.runtime import build_runtime, serve_config
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+TOKEN_ENV, TOKEN = "RW_SERVE_TEST_TOKEN", "rw-serve-test-token-5e4d3c"
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+              "all_proxy")
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_proxy():
+    saved = {k: os.environ.pop(k) for k in PROXY_VARS if k in os.environ}
+    yield
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, list]:
+    """A quickstart run directory holding a random-init router as policy step 1, and its
+    questions."""
+    root = tmp_path_factory.mktemp("serve")
+    out = root / "run"
+    cfg = load_train_config(QUICKSTART, [f"out_dir={out}", "model.init=random",
+                                         "data.synthetic_queries=40", "logging.progress=false"])
+    records = build_records(cfg, Console(file=io.StringIO()))
+    tokenizer = build_tokenizer(cfg, records, build_pool(cfg, records, check=False))
+    tokenizer.save_pretrained(str(root / "tokenizer"))
+    save_policy(build_policy(cfg, make_mesh((1, -1, 1)), tokenizer),
+                out / "checkpoints" / "policy", 1, tokenizer_dir=root / "tokenizer")
+    dump_config(cfg, out / "config.yaml")
+    return out, records
+
+
+@pytest.fixture(scope="module")
+def workers(run, tmp_path_factory):
+    """The simulated workers on loopback; worker_3 falls back to worker_1, worker_2 has no
+    fallback."""
+    records = run[1]
+    sim = SimulatedWorkerPool(records, seed=0)
+    with SimulatedHttpWorkers(sim) as stub:
+        stub.channels = simulated_channel_file(
+            tmp_path_factory.mktemp("ch") / "channels.yaml", sim, stub.url,
+            fallbacks={"worker_3": "worker_1"})
+        yield stub
+
+
+class Served:
+    """A server running in a thread (its own event loop), its runtime and metrics."""
+
+    def __init__(self, checkpoint: Path, channels: Path, options: ServeConfig,
+                 token: str | None):
+        cfg, ckpt = serve_config(checkpoint, channels)
+        self.metrics = ServeMetrics()
+        self.runtime = build_runtime(cfg, ckpt, options, metrics=self.metrics)
+        self.app = create_app(self.runtime.service, options, token=token, metrics=self.metrics,
+                              on_shutdown=self.runtime.aclose)
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 120
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.05)
+        # What the warm-up (`ServeConfig.warmup_rows`) sampled before the first request.
+        self.warm_batches, self.warm_rows = self.runtime.sampler.batches, \
+            self.runtime.sampler.rows
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        self.url = self.base + "/v1"
+
+    @property
+    def state(self):
+        return self.app.state.routeweaver
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def served(run, workers):
+    sent = len(workers.bodies)
+    s = Served(run[0], workers.channels, ServeConfig(port=0, worker_budget_s=1.0,
+                                                     max_body_bytes=4096, warmup_rows=4,
+                                                     max_question_tokens=300), TOKEN)
+    s.warm_calls = len(workers.bodies) - sent
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=served.url, api_key=TOKEN, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def options(served):
+    """Change the running server's limits for one test."""
+    original = served.state.config
+
+    def change(**kw):
+        served.state.config = dataclasses.replace(original, **kw)
+
+    yield change
+    served.state.config = original
+
+
+def ask(client, question: str, **extra):
+    return client.chat.completions.create(
+        model="routeweaver", messages=[{"role": "user", "content": question}],
+        extra_body=extra or None)
+
+
+# ------------------------------------------------------------------------------ the happy path
+def test_a_request_is_routed_and_answered_with_its_routing_record(client, run):
+    question = run[1][0].question
+    c = ask(client, question, max_cost=0.05)
+    assert c.object == "chat.completion" and c.model == "routeweaver"
+    answer = c.choices[0].message.content
+    assert c.choices[0].finish_reason == "stop" and answer
+    rec = c.routeweaver
+    assert rec["mode"] in ("single", "multi", "agentic") and rec["forced"] is False
+    assert rec["answer_source"] in ("router", "last_reply", "cheapest_worker")
+    assert rec["calls"], "a RouteWeaver episode calls at least one worker"
+    for call in rec["calls"]:
+        assert call["cost_usd"] <= call["worst_case_usd"]
+        if call["success"]:
+            assert call["prompt_tokens"] > 0 and call["completion_tokens"] > 0
+    total = sum(call["cost_usd"] for call in rec["calls"])
+    assert rec["total_cost_usd"] == pytest.approx(total) and 0 < total <= 0.05
+    assert rec["within_budget"] and rec["max_cost_usd"] == 0.05
+    assert rec["latency_s"] >= rec["worker_s"] > 0
+    assert rec["router_s"] == pytest.approx(rec["latency_s"] - rec["worker_s"], abs=1e-3)
+    assert c.usage.completion_tokens > 0 and c.usage.prompt_tokens > 0
+
+
+def test_streaming_sends_the_same_answer_then_the_record_and_usage(client, run):
+    question = run[1][1].question
+    whole = ask(client, question)
+    chunks = list(client.chat.completions.create(
+        model="routeweaver", messages=[{"role": "user", "content": question}], stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    # Greedy router, deterministic workers: the same answer as the non-streamed request.
+    assert text == whole.choices[0].message.content
+    finish = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == "stop"
+    assert finish[0].routeweaver["mode"] == whole.routeweaver["mode"]
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_a_forced_mode_and_a_worker_list_are_honoured(client, run):
+    for question in (r.question for r in run[1][2:5]):
+        rec = ask(client, question, mode="agentic", workers=["worker_2", "worker_4"]).routeweaver
+        assert rec["mode"] == "agentic" and rec["forced"] is True
+        assert rec["offered"] == ["worker_2", "worker_4"]
+        assert {c["worker"] for c in rec["calls"]} <= {"worker_2", "worker_4"}
+
+
+def test_the_warm_up_sampled_batches_before_listening_and_called_no_worker(served):
+    # Episodes in batches of 1, 2 and 4 (warmup_rows=4): at least one turn each.
+    assert served.warm_rows >= 1 + 2 + 4 and served.warm_batches >= 3
+    assert served.warm_calls == 0
+
+
+def test_the_models_list_names_the_served_model(client):
+    assert [m.id for m in client.models.list()] == ["routeweaver"]
+
+
+# ------------------------------------------------------------------------------ the budget
+def test_max_cost_holds_by_construction_and_the_record_says_how(client, served, run):
+    """Budgets from just above one worst-case call up: every request ends within its
+    max_cost, calls that would not fit are refused, and the answer still comes."""
+    probe = served.runtime.service
+    question = run[1][5].question
+    from jax_routeweaver.routing import prompts
+    from jax_routeweaver.serving.budget import BudgetedPool
+    from jax_routeweaver.serving.router import DIRECT_TASK
+
+    pool = BudgetedPool(probe.pool, probe.prices, None)
+    payload = prompts.single_multi_payload(question, DIRECT_TASK)
+    cheapest = min(pool.worst_case(w, payload, 4096) for w in probe.served)
+    refused = 0
+    for k, record in enumerate(run[1][5:17]):
+        budget = cheapest * (1.01 + 0.5 * (k % 4))
+        rec = ask(client, record.question, max_cost=budget, mode=("multi", "agentic")[k % 2]
+                  ).routeweaver
+        assert rec["total_cost_usd"] <= budget and rec["within_budget"]
+        assert all(c["worst_case_usd"] <= budget for c in rec["calls"] if not c["refused"])
+        refused += rec["refused_calls"]
+        assert all(c["error"] == "over_budget" and c["cost_usd"] == 0
+                   for c in rec["calls"] if c["refused"])
+    assert refused > 0, "tight budgets never refused a call: the test checks nothing"
+
+
+def test_worst_case_prices_the_body_bound_and_in_flight_calls_hold_their_reservation(
+        workers):
+    """W = ((len(JSON body) + 1024) x in + max_tokens x out) / 1e6, by hand; two calls at
+    once under a budget of one worst case: the second is refused while the first is in
+    flight, though the first bills far less."""
+    from jax_routeweaver.routing.channels import load_channels
+    from jax_routeweaver.routing.workers import HttpWorkerPool
+    from jax_routeweaver.serving.budget import BudgetedPool
+
+    channels = load_channels(workers.channels)
+    prompt = "Solve the task: what is 2+2?"
+    body = {"model": "sim-4", "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0.2, "seed": 42, "max_tokens": 256}
+    price = channels.prices()["worker_4"]
+    expected = ((len(json.dumps(body)) + 1024) * price.input_usd_per_m
+                + 256 * price.output_usd_per_m) / 1e6
+
+    async def go():
+        async with HttpWorkerPool(channels) as pool:
+            budget = BudgetedPool(pool, channels.prices(), expected * 1.5)
+            assert budget.worst_case("worker_4", prompt, 256) == pytest.approx(expected)
+            first, second = await asyncio.gather(
+                budget.call("worker_4", prompt, max_tokens=256),
+                budget.call("worker_4", prompt + " ", max_tokens=256))
+            return budget, first, second
+
+    workers.delay_s = 0.3
+    try:
+        budget, first, second = asyncio.run(go())
+    finally:
+        workers.delay_s = 0.0
+    assert first.success and not second.success and second.error == "over_budget"
+    assert [e.refused for e in budget.ledger] == [True, False]  # refused before the reply
+    assert 0 < budget.spent < expected / 10 and budget.reserved == 0
+    assert budget.remaining == pytest.approx(expected * 1.5 - budget.spent)
+
+
+def test_a_budget_below_every_call_is_refused_naming_max_cost(client, run):
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, run[1][0].question, max_cost=1e-9)
+    assert e.value.code == "max_cost_too_low" and e.value.param == "max_cost"
+    assert "worst case" in e.value.message
+
+
+def test_a_request_past_its_timeout_ends_with_504_and_the_server_goes_on(client, workers,
+                                                                         options, run):
+    options(request_timeout_s=0.5)
+    workers.delay_s = 2.0
+    try:
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(client, run[1][22].question)
+    finally:
+        workers.delay_s = 0.0
+    assert e.value.status_code == 504 and e.value.code == "timeout"
+    options(request_timeout_s=300.0)
+    time.sleep(2.0)  # the abandoned call's reply arrives and is dropped
+    assert ask(client, run[1][22].question).choices[0].message.content
+
+
+# ------------------------------------------------------------------------------ concurrency
+def test_concurrent_requests_share_sampler_batches(served, workers, run):
+    """Sixteen clients at once: their router turns are sampled in batches of several rows
+    (one row per request turn), not one request at a time."""
+    sampler = served.runtime.sampler
+    batches, rows = sampler.batches, sampler.rows
+    workers.delay_s = 0.2
+
+    async def go():
+        client = openai.AsyncOpenAI(base_url=served.url, api_key=TOKEN, max_retries=0,
+                                    timeout=120)
+        out = await asyncio.gather(*(client.chat.completions.create(
+            model="routeweaver", messages=[{"role": "user", "content": r.question}])
+            for r in run[1][:16]))
+        await client.close()
+        return out
+
+    try:
+        out = asyncio.run(go())
+    finally:
+        workers.delay_s = 0.0
+    assert len(out) == 16 and all(c.choices[0].message.content for c in out)
+    turns = sum(c.routeweaver["turns"] for c in out)
+    assert sampler.rows - rows == turns
+    assert sampler.batches - batches < turns / 2, "turns were sampled one request at a time"
+
+
+def test_more_requests_than_max_inflight_get_503(served, workers, options, run):
+    options(max_inflight=1)
+    workers.delay_s = 0.5  # under the 1 s worker budget: the first request's call succeeds
+
+    def post():
+        return httpx.post(served.url + "/chat/completions", headers=_auth(), timeout=60,
+                          json={"model": "routeweaver",
+                                "messages": [{"role": "user", "content": run[1][3].question}]})
+
+    try:
+        first = threading.Thread(target=post)
+        first.start()
+        time.sleep(0.2)
+        second = post()
+        first.join()
+    finally:
+        workers.delay_s = 0.0
+    assert second.status_code == 503 and second.json()["error"]["code"] == "overloaded"
+
+
+# ------------------------------------------------------------------------------ auth and input
+def _auth(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_a_wrong_or_missing_token_is_refused_and_healthz_is_open(served, run):
+    bad = openai.OpenAI(base_url=served.url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        ask(bad, run[1][0].question)
+    assert httpx.get(served.url + "/models").status_code == 401
+    assert httpx.get(served.base + "/metrics").status_code == 401
+    health = httpx.get(served.base + "/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(("body", "status", "code", "param"), [
+    ({"model": "routeweaver", "messages": [{"role": "user", "content": "q"}], "max_cots": 1},
+     400, "invalid_request", "max_cots"),
+    ({"model": "routeweaver", "messages": [{"role": "user", "content": "q"}], "max_cost": -1},
+     400, "invalid_request", "max_cost"),
+    ({"model": "routeweaver", "messages": [{"role": "user", "content": "q"}], "mode": "solo"},
+     400, "invalid_request", "mode"),
+    ({"model": "routeweaver", "messages": [{"role": "user", "content": "q"}],
+      "workers": ["worker_9"]}, 400, "invalid_request", "workers"),
+    ({"model": "routeweaver", "messages": [{"role": "user", "content": "q"}], "n": 2},
+     400, "invalid_request", "n"),
+    ({"model": "gpt-4o", "messages": [{"role": "user", "content": "q"}]},
+     404, "model_not_found", "model"),
+    ({"model": "routeweaver", "messages": [{"role": "assistant", "content": "q"}]},
+     400, "invalid_request", "messages[0]"),
+    ({"model": "routeweaver", "messages": [{"role": "user", "content": "word " * 400}]},
+     400, "context_length_exceeded", "messages"),
+    ({"model": "routeweaver", "messages": [{"role": "user", "content": "x" * 5000}]},
+     413, "body_too_large", None),
+])
+def test_bad_requests_get_one_error_naming_the_field(served, body, status, code, param):
+    reply = httpx.post(served.url + "/chat/completions", headers=_auth(), json=body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == code and error["param"] == param and error["message"]
+
+
+def test_metrics_count_requests_modes_calls_cost_and_errors(client, served, run):
+    ask(client, run[1][0].question, max_cost=0.05)
+    with pytest.raises(openai.BadRequestError):
+        ask(client, run[1][0].question, max_cost=1e-9)
+    text = httpx.get(served.base + "/metrics", headers=_auth()).text
+
+    def value(pattern: str) -> float:
+        found = re.search(rf"^{pattern} (\S+)$", text, re.MULTILINE)
+        assert found, pattern
+        return float(found.group(1))
+
+    assert value(r'routeweaver_requests_total\{status="200"\}') >= 1
+    assert value(r'routeweaver_errors_total\{kind="max_cost_too_low"\}') >= 1
+    assert value("routeweaver_request_latency_seconds_count") >= 2
+    assert value("routeweaver_cost_usd_total") > 0
+    assert sum(float(v) for v in re.findall(
+        r'^routeweaver_mode_total\{[^}]*\} (\S+)$', text, re.MULTILINE)) >= 1
+    assert re.search(r'^routeweaver_worker_calls_total\{outcome="ok",worker="worker_\d"\} ',
+                     text, re.MULTILINE)
+    assert TOKEN not in text
+
+
+# ------------------------------------------------------------------------------ worker failures
+# Last of the in-process tests: a failed channel cools down (the pool's retry policy), so a
+# later request routed to it would fail too.
+def test_a_failed_worker_is_replaced_by_its_fallback(client, workers, run):
+    workers.failing = {"sim-3"}
+    try:
+        rec = ask(client, run[1][20].question, mode="single", workers=["worker_3"]).routeweaver
+    finally:
+        workers.failing = set()
+    failed = [c for c in rec["calls"] if c["worker"] == "worker_3"]
+    replaced = [c for c in rec["calls"] if c["fallback_for"] == "worker_3"]
+    assert failed and not failed[0]["success"]
+    assert replaced and replaced[0]["worker"] == "worker_1" and replaced[0]["success"]
+    assert rec["fallback_calls"] == len(replaced)
+
+
+def test_a_failed_worker_without_fallback_fails_the_request_with_a_code(client, workers, run):
+    workers.failing = {"sim-2"}
+    try:
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(client, run[1][21].question, mode="single", workers=["worker_2"])
+    finally:
+        workers.failing = set()
+    assert e.value.status_code == 502 and e.value.code == "worker_failed"
+    assert "worker_2" in e.value.message
+    rec = e.value.response.json()["routeweaver"]  # what was called (and billed) before
+    assert [(c["worker"], c["success"]) for c in rec["calls"]] == [("worker_2", False)]
+    assert rec["mode"] is None and rec["within_budget"]
+
+
+# ------------------------------------------------------------------------------ the command
+def test_serve_cli_refuses_a_public_address_without_a_token(run, workers, capsys,
+                                                            monkeypatch):
+    monkeypatch.delenv("ROUTEWEAVER_SERVE_TOKEN", raising=False)
+    code = main(["serve", "--checkpoint", str(run[0]), "--channels", str(workers.channels),
+                 "--host", "0.0.0.0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--host 0.0.0.0" in err and "ROUTEWEAVER_SERVE_TOKEN" in err
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
+    env.pop("ROUTEWEAVER_SERVE_TOKEN", None)
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "jax_routeweaver.cli", *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_for(pattern: str, log: Path, proc: subprocess.Popen) -> re.Match:
+    deadline = time.time() + 300
+    while not (found := re.search(pattern, log.read_text())):
+        assert proc.poll() is None and time.time() < deadline, log.read_text()
+        time.sleep(0.2)
+    return found
+
+
+def test_serve_cli_finishes_accepted_requests_on_sigterm(run, tmp_path):
+    """The real commands: `simulate-workers` (1.5 s a completion) and `serve` on it; a
+    SIGTERM while a request runs lets that request finish (200) before serve exits 0;
+    afterwards nothing listens."""
+    channels = tmp_path / "sim.yaml"
+    sim = _start(["simulate-workers", "--config", str(run[0] / "config.yaml"),
+                  "--channels-out", str(channels), "--delay", "1.5"], tmp_path / "sim.log")
+    serve = None
+    try:
+        _wait_for(r"SIMULATED workers .* at http://127\.0\.0\.1:\d+/v1", tmp_path / "sim.log",
+                  sim)
+        log = tmp_path / "serve.log"
+        serve = _start(["serve", "--checkpoint", str(run[0]), "--channels", str(channels),
+                        "--port", "0"], log)
+        base = _wait_for(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", log, serve).group(1)
+        assert httpx.get(base + "/healthz").status_code == 200
+        result: dict = {}
+
+        def request():
+            result["reply"] = httpx.post(base + "/v1/chat/completions", timeout=120, json={
+                "model": "routeweaver", "mode": "single",
+                "messages": [{"role": "user", "content": run[1][7].question}]})
+
+        thread = threading.Thread(target=request)
+        thread.start()
+        time.sleep(1.0)  # accepted, waiting for its worker
+        serve.send_signal(signal.SIGTERM)
+        thread.join(120)
+        assert serve.wait(120) == 0, log.read_text()
+        sim.send_signal(signal.SIGTERM)
+        assert sim.wait(30) == 0
+    finally:
+        for proc in (serve, sim):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    reply = result["reply"]
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"]
+    assert reply.json()["routeweaver"]["mode"] == "single"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(base + "/healthz")
