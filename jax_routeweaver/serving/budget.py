@@ -100,8 +100,6 @@ class BudgetedPool(PoolView):
         self.worker_s = 0.0
 
     # -- WorkerPool protocol (ids and descriptions: the served pool's) ------------------------
-
-
     async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
                    ) -> WorkerCall:
         max_tokens = max_tokens or self.default_max_tokens

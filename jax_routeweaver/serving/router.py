@@ -99,7 +99,6 @@ class NoWorkerPool(PoolView):
     """A warm-up's pool: the served pool's catalog, but every call fails at once without
     being sent (``warm_up``), so compiling the router's shapes pays no worker."""
 
-
     async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
                    ) -> WorkerCall:
         return WorkerCall(worker, prompt, "", False, attempts=0, error=WARM_UP_ERROR)
