@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import re
@@ -41,29 +40,9 @@ import openai
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+# The tests' random-init quickstart run (`tests/serve_helpers.tiny_run`).
+sys.path.insert(0, str(ROOT / "tests"))
 PORT_LINE = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
-
-
-def tiny_run(root: Path) -> Path:
-    """A run directory holding a random-init quickstart router (as the tests build one)."""
-    from rich.console import Console
-
-    from jax_routeweaver.config import dump_config
-    from jax_routeweaver.models.sharding import make_mesh
-    from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
-    from jax_routeweaver.rl.checkpoint import save_policy
-    from jax_routeweaver.rl.train_config import load_train_config
-
-    run = root / "run"
-    cfg = load_train_config(QUICKSTART, [f"out_dir={run}", "model.init=random",
-                                         "logging.progress=false"])
-    records = build_records(cfg, Console(file=io.StringIO()))
-    tokenizer = build_tokenizer(cfg, records, build_pool(cfg, records, check=False))
-    tokenizer.save_pretrained(str(root / "tokenizer"))
-    model = build_policy(cfg, make_mesh((1, -1, 1)), tokenizer)
-    save_policy(model, run / "checkpoints" / "policy", 1, tokenizer_dir=root / "tokenizer")
-    dump_config(cfg, run / "config.yaml")
-    return run
 
 
 def start_server(checkpoint: Path, channels: Path, log: Path, max_batch: int, warmup: int,
@@ -89,13 +68,19 @@ def start_server(checkpoint: Path, channels: Path, log: Path, max_batch: int, wa
     raise RuntimeError("routeweaver serve did not start in 600 s")
 
 
+def async_client(url: str, clients: int) -> openai.AsyncOpenAI:
+    """An OpenAI client with one connection per concurrent client, no retries, no proxy."""
+    return openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600,
+                              http_client=httpx.AsyncClient(
+                                  limits=httpx.Limits(max_connections=clients),
+                                  trust_env=False))
+
+
 async def routed(url: str, questions: list[str], budgets: list[float], modes: list[str],
                  clients: int) -> list:
     """(latency s, routing record or None, error or None) per question, in order; question i
     gets budget i mod len(budgets) and mode i mod len(modes) ("auto": the router's)."""
-    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600,
-                                http_client=httpx.AsyncClient(
-                                    limits=httpx.Limits(max_connections=clients), trust_env=False))
+    client = async_client(url, clients)
     gate = asyncio.Semaphore(clients)
 
     def mode(i: int) -> str:
@@ -120,9 +105,7 @@ async def routed(url: str, questions: list[str], budgets: list[float], modes: li
 
 async def direct(url: str, questions: list[str], clients: int, worker: str = "sim-1") -> list:
     """Latency of each question sent straight to one worker (the reference)."""
-    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600,
-                                http_client=httpx.AsyncClient(
-                                    limits=httpx.Limits(max_connections=clients), trust_env=False))
+    client = async_client(url, clients)
     gate = asyncio.Semaphore(clients)
 
     async def one(question: str) -> float:
@@ -169,7 +152,13 @@ def main() -> int:
     from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
 
     work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
-    checkpoint = args.checkpoint or tiny_run(work)
+    checkpoint = args.checkpoint
+    if checkpoint is None:  # with the quickstart's own 1,500 questions
+        from serve_helpers import tiny_run
+
+        quickstart = load_train_config(QUICKSTART, [])
+        checkpoint = tiny_run(work, f"data.synthetic_queries="
+                                    f"{quickstart.data.synthetic_queries}")[0]
     run_dir = checkpoint if (checkpoint / "config.yaml").is_file() else None
     cfg = load_train_config(run_dir / "config.yaml" if run_dir else QUICKSTART, [])
     d = cfg.data

@@ -195,27 +195,14 @@ def _check_sets(args: argparse.Namespace) -> None:
                          "before --sets / --train-sets")
 
 
-def _checkpoint_config(checkpoint: str, config: Path | None, flag: str = "--config") -> Path:
-    """`config`, else the training config of the run `checkpoint` belongs to."""
-    from jax_routeweaver.eval.evaluate import resolve_checkpoint
-
-    if config is not None:
-        return config
-    found = resolve_checkpoint(checkpoint).config_file
-    if found is None:
-        raise ValueError(f"checkpoint {checkpoint} is not inside a training run directory: "
-                         f"give its training config with {flag}")
-    return found
-
-
 def _eval_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from jax_routeweaver.eval.evaluate import EvalConfig, evaluate
+    from jax_routeweaver.eval.evaluate import EvalConfig, checkpoint_config, evaluate
     from jax_routeweaver.rl.train_config import load_train_config
 
     _check_sets(args)
-    cfg = load_train_config(_checkpoint_config(args.checkpoint, args.config), args.overrides)
+    cfg = load_train_config(checkpoint_config(args.checkpoint, args.config), args.overrides)
     options = EvalConfig(
         checkpoint=str(args.checkpoint), sets=tuple(args.sets), out_dir=str(args.out),
         force_mode=args.force_mode, replay=args.replay,
@@ -255,13 +242,14 @@ def _eval_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from jax_routeweaver.eval.compare import CompareConfig, run_comparison
+    from jax_routeweaver.eval.evaluate import checkpoint_config
     from jax_routeweaver.rl.train_config import load_train_config
 
     _check_sets(args)
-    cfg = load_train_config(_checkpoint_config(args.checkpoint, args.config), args.overrides)
+    cfg = load_train_config(checkpoint_config(args.checkpoint, args.config), args.overrides)
     r1_cfg = None
     if args.router_r1:
-        r1_cfg = load_train_config(_checkpoint_config(args.router_r1, args.router_r1_config,
+        r1_cfg = load_train_config(checkpoint_config(args.router_r1, args.router_r1_config,
                                                       "--router-r1-config"))
     elif args.router_r1_config is not None:
         raise ValueError("--router-r1-config without --router-r1")
@@ -280,6 +268,7 @@ def _eval_compare(args: argparse.Namespace) -> int:
 def _eval_favourites(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from jax_routeweaver.eval.evaluate import checkpoint_config
     from jax_routeweaver.eval.favourites import (
         check_options,
         measure_favourites,
@@ -293,7 +282,7 @@ def _eval_favourites(args: argparse.Namespace) -> int:
         raise ValueError("--config is required without --checkpoint (or give --checkpoint "
                          "inside a training run directory)")
     config = args.config if args.checkpoint is None \
-        else _checkpoint_config(args.checkpoint, args.config)
+        else checkpoint_config(args.checkpoint, args.config)
     cfg = load_train_config(config, args.overrides)
     check_options(cfg, per_domain=args.per_domain, samples=args.samples)  # before any build
     console = Console()

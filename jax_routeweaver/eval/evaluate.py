@@ -236,6 +236,53 @@ def load_router_tokenizer(cfg: TrainConfig, ckpt: RouterCheckpoint, records: lis
     return build_tokenizer(cfg, records, pool)
 
 
+def checkpoint_config(checkpoint: str | os.PathLike[str], config: str | os.PathLike[str] | None,
+                      flag: str = "--config") -> Path:
+    """`config`, else the training config of the run `checkpoint` belongs to (ValueError
+    naming `flag` when it belongs to none)."""
+    if config is not None:
+        return Path(config)
+    found = resolve_checkpoint(checkpoint).config_file
+    if found is None:
+        raise ValueError(f"checkpoint {checkpoint} is not inside a training run directory: "
+                         f"give its training config with {flag}")
+    return found
+
+
+@dataclasses.dataclass
+class LoadedRouter:
+    """A checkpoint's router ready to sample: its tokenizer, its EOS id(s), the run's sampler,
+    and the vLLM sidecar behind that sampler (None for the in-process one)."""
+
+    tokenizer: Any
+    eos: int | tuple[int, ...]
+    sampler: Any
+    sidecar: Sidecar | None = None
+
+
+def load_router_sampler(cfg: TrainConfig, ckpt: RouterCheckpoint, records: list[Record],
+                        pool: WorkerPool, rows: int, work_dir: Path) -> LoadedRouter:
+    """The checkpoint's router behind the config's sampler (``rollout.sampler``): the
+    in-process sampler with `rows` as an exact batch bucket (`rl.builders.build_sampler`), or
+    the vLLM sidecar booted on an HF export of this very model (policy version 0; its files
+    under `work_dir`). `records` / `pool`: for a tokenizer the checkpoint does not store
+    (`load_router_tokenizer`). ValueError when the tokenizer outgrows the router's vocab."""
+    tokenizer = load_router_tokenizer(cfg, ckpt, records, pool)
+    mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
+    model = load_router(cfg, ckpt, mesh)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the router's "
+                         f"vocab_size is {model.config.vocab_size}")
+    eos = model.config.eos_token_id if model.config.eos_token_id is not None \
+        else tokenizer.eos_token_id
+    if cfg.rollout.sampler == "vllm":
+        sidecar = Sidecar(cfg.rollout.vllm, model, tokenizer, work_dir, seed=cfg.seed)
+        return LoadedRouter(tokenizer, eos, sidecar.sampler, sidecar)
+    sampler = build_sampler(cfg, model, tokenizer, mesh, rows,
+                            pad_id=tokenizer.pad_token_id or 0)
+    return LoadedRouter(tokenizer, eos, sampler)
+
+
 # ------------------------------------------------------------------------------ sets
 @dataclasses.dataclass(frozen=True)
 class EvalSet:
@@ -381,29 +428,12 @@ class _Runner:
                  pool: ReplayPool, batch_size: int, out: Path):
         self.cfg = greedy_config(cfg)
         self.pool = pool
-        self.sidecar: Any = None
-        tokenizer = load_router_tokenizer(cfg, ckpt, records, pool)
-        mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
-        model = load_router(cfg, ckpt, mesh)
-        if len(tokenizer) > model.config.vocab_size:
-            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the router's "
-                             f"vocab_size is {model.config.vocab_size}")
-        pad_id = tokenizer.pad_token_id or 0
-        eos = model.config.eos_token_id if model.config.eos_token_id is not None \
-            else tokenizer.eos_token_id
+        # As the loop does: the first round samples the whole batch.
+        router = load_router_sampler(cfg, ckpt, records, pool, batch_size, out)
+        self.sidecar, self.sampler = router.sidecar, router.sampler
         # The dialect's episodes and scorer, as in training (`rl.dialect`).
         self.dialect = dialect_for(self.cfg)
-        self.dialect.start(tokenizer, pool, eos)
-        if cfg.rollout.sampler == "vllm":
-            # The sidecar boots on an HF export of this very model (policy version 0).
-            self.sidecar = Sidecar(self.cfg.rollout.vllm, model, tokenizer, out,
-                                   seed=self.cfg.seed)
-            self.sampler = self.sidecar.sampler
-        else:
-            # As the loop does: the first round samples the whole batch.
-            self.sampler = build_sampler(cfg, model, tokenizer, mesh, batch_size,
-                                         pad_id=pad_id)
-        del model
+        self.dialect.start(router.tokenizer, pool, router.eos)
         self.loop = asyncio.new_event_loop()
 
     def run(self, batch: list[Record]) -> tuple[list[Any], list[Any]]:

@@ -48,15 +48,6 @@ class BatchingSampler:
         self.batches = 0
         self.rows = 0
 
-    @property
-    def policy_version(self) -> int:
-        return self.sampler.policy_version
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 grammars: Sequence[Any] | None = None) -> list[Completion]:
-        """The wrapped sampler's (unbatched; for callers outside the event loop)."""
-        return self.sampler.generate(prompts, params, grammars)
-
     async def agenerate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                         grammars: Sequence[Any] | None = None) -> list[Completion]:
         """One Completion per prompt, sampled in a batch with other callers' turns."""

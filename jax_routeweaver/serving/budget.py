@@ -134,9 +134,10 @@ class BudgetedPool(PoolView):
         return (bound.prompt_tokens * price.input_usd_per_m
                 + bound.completion_tokens * price.output_usd_per_m) / 1e6
 
-    def fits(self, worker: str, prompt: str, max_tokens: int | None) -> bool:
+    def fits(self, cost_usd: float) -> bool:
+        """Whether a call of worst case `cost_usd` may start now."""
         remaining = self.remaining
-        return remaining is None or self.worst_case(worker, prompt, max_tokens) <= remaining
+        return remaining is None or cost_usd <= remaining
 
     @property
     def refusals(self) -> list[LedgerEntry]:
@@ -150,8 +151,7 @@ class BudgetedPool(PoolView):
                            fallback_for: str | None) -> tuple[LedgerEntry, WorkerCall]:
         worst = self.worst_case(worker, prompt, max_tokens)
         entry = LedgerEntry(index, worker, worst, fallback_for=fallback_for)
-        remaining = self.remaining
-        if remaining is not None and worst > remaining:
+        if not self.fits(worst):
             entry.refused, entry.error = True, OVER_BUDGET
             self.ledger.append(entry)
             return entry, WorkerCall(worker, prompt, "", False, attempts=0, error=OVER_BUDGET)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from jax_routeweaver.data.records import FORCED_MODES
 from jax_routeweaver.serving.router import RouteRequest, RouteResult
 
 EXTENSION_FIELD = "routeweaver"
@@ -154,8 +155,8 @@ def _max_cost(data: dict[str, Any]) -> float | None:
 
 def _mode(data: dict[str, Any]) -> str | None:
     value = data.get("mode")
-    if value is not None and value not in ("single", "multi", "agentic"):
-        raise RequestError(f"mode: {value!r} is not one of single, multi, agentic",
+    if value is not None and value not in FORCED_MODES:
+        raise RequestError(f"mode: {value!r} is not one of {', '.join(FORCED_MODES)}",
                            param="mode")
     return value
 

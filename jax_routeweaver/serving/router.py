@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jax_routeweaver.data.records import UNSCORED, Record
+from jax_routeweaver.data.records import FORCED_MODES, UNSCORED, Record
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.answers import extract_answer
 from jax_routeweaver.routing.calls import PoolView, WorkerCall
@@ -37,7 +37,6 @@ from jax_routeweaver.routing.episode import (
     Trajectory,
     run_episodes_async,
 )
-from jax_routeweaver.routing.grammar import MODES
 from jax_routeweaver.routing.pricing import Prices
 from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
 from jax_routeweaver.serving.budget import BudgetedPool, WorkerFailed
@@ -47,7 +46,6 @@ DIRECT_TASK = "Answer the question."
 # What `RouterService.warm_up` routes, and the error its calls fail with.
 WARM_UP_QUESTION = "What is the sum of the first ten positive integers?"
 WARM_UP_ERROR = "warm_up: no worker is called while the server warms up"
-ANSWER_SOURCES = ("router", "last_reply", "cheapest_worker")
 
 
 class BudgetTooSmall(ValueError):
@@ -131,7 +129,7 @@ class RouterService:
         calls no worker (`NoWorkerPool`: every call fails at once, so nothing is paid and
         the router sees failed calls). Returns the episodes run."""
         pool = NoWorkerPool(self.pool)
-        modes = (None, "single", "multi", "agentic")
+        modes = (None, *FORCED_MODES)
         done = 0
         for n in rows:
             records = [Record(sample_id=f"warm-up-{n}-{i}", domain=None, dataset="serve",
@@ -148,8 +146,8 @@ class RouterService:
         unknown = [w for w in request.workers if w not in self.served]
         if unknown:
             raise ValueError(f"workers: {unknown} not served (served: {list(self.served)})")
-        if request.mode is not None and request.mode not in [str(m) for m in MODES]:
-            raise ValueError(f"mode: {request.mode!r} is not one of single, multi, agentic")
+        if request.mode is not None and request.mode not in FORCED_MODES:
+            raise ValueError(f"mode: {request.mode!r} is not one of {', '.join(FORCED_MODES)}")
 
     async def route(self, request: RouteRequest) -> RouteResult:
         """Run the request (module docstring). Raises `BudgetTooSmall`, `BudgetExhausted`,
@@ -189,14 +187,20 @@ class RouterService:
     def _affordable(self, request: RouteRequest, budget: BudgetedPool,
                     max_tokens: int) -> tuple[str, ...]:
         """The requested workers whose first call (a direct payload of the question) fits."""
-        wanted = request.workers or self.served
-        probe = prompts.single_multi_payload(request.question, DIRECT_TASK)
-        fits = tuple(w for w in wanted if budget.fits(w, probe, max_tokens))
+        _, worst = self._direct_call(request, budget, max_tokens)
+        fits = tuple(w for w, cost in worst.items() if budget.fits(cost))
         if not fits:
-            worst = {w: budget.worst_case(w, probe, max_tokens) for w in wanted}
-            cheapest = min(wanted, key=lambda w: worst[w])
+            cheapest = min(worst, key=worst.__getitem__)
             raise BudgetTooSmall(request.max_cost or 0.0, worst[cheapest], cheapest)
         return fits
+
+    def _direct_call(self, request: RouteRequest, budget: BudgetedPool, max_tokens: int
+                     ) -> tuple[str, dict[str, float]]:
+        """The payload of a direct single-mode call on the question, and its worst case (USD)
+        on each requested worker, in catalog order."""
+        payload = prompts.single_multi_payload(request.question, DIRECT_TASK)
+        return payload, {w: budget.worst_case(w, payload, max_tokens)
+                         for w in request.workers or self.served}
 
     def _factory(self, offered: tuple[str, ...], max_tokens: int) -> EnvFactory:
         """One env factory per (offered workers, worker cap), so the rulebook ids are shared."""
@@ -215,12 +219,11 @@ class RouterService:
         for call in reversed(traj.calls):
             if call.success and call.text:
                 return extract_answer(call.text) or call.text, "last_reply"
-        payload = prompts.single_multi_payload(request.question, DIRECT_TASK)
-        wanted = request.workers or self.served
-        affordable = [w for w in wanted if budget.fits(w, payload, max_tokens)]
+        payload, worst = self._direct_call(request, budget, max_tokens)
+        affordable = [w for w, cost in worst.items() if budget.fits(cost)]
         if not affordable:
             return None, None
-        worker = min(affordable, key=lambda w: budget.worst_case(w, payload, max_tokens))
+        worker = min(affordable, key=worst.__getitem__)
         call = await budget.call(worker, payload, max_tokens=max_tokens)
         if not call.success:  # refused: nothing fits any more
             return None, None

@@ -18,19 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from jax_routeweaver.eval.evaluate import (
+    checkpoint_config,
     greedy_config,
-    load_router,
-    load_router_tokenizer,
+    load_router_sampler,
     resolve_checkpoint,
 )
-from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl.builders import build_sampler
 from jax_routeweaver.rl.pool_check import check_run_pool
 from jax_routeweaver.rl.routeweaver_run import env_config
 from jax_routeweaver.rl.train_config import TrainConfig, load_train_config
 from jax_routeweaver.routing.channels import load_channels
 from jax_routeweaver.routing.workers import HttpWorkerPool
-from jax_routeweaver.sampling.sidecar import Sidecar
 from jax_routeweaver.serving.batcher import BatchingSampler
 from jax_routeweaver.serving.config import ServeConfig
 from jax_routeweaver.serving.metrics import ServeMetrics
@@ -62,11 +59,8 @@ def serve_config(checkpoint: str | os.PathLike[str], channels: str | os.PathLike
     """(the run config with the channel file as its pool, greedy; the resolved checkpoint).
     `config`: a training config to use instead of the checkpoint's run ``config.yaml``."""
     ckpt = resolve_checkpoint(checkpoint)
-    source = config if config is not None else ckpt.config_file
-    if source is None:
-        raise ValueError(f"checkpoint {checkpoint}: not inside a training run (no "
-                         "config.yaml next to it); pass --config")
-    cfg = load_train_config(source, [*overrides, f"workers.pool={channels}"])
+    cfg = load_train_config(checkpoint_config(checkpoint, config),
+                            [*overrides, f"workers.pool={channels}"])
     if cfg.rollout.dialect != "routeweaver":
         raise ValueError(f"rollout.dialect={cfg.rollout.dialect!r}: serving runs RouteWeaver "
                          "routers (single, multi or agentic per request)")
@@ -84,26 +78,11 @@ def build_runtime(cfg: TrainConfig, ckpt: Any, options: ServeConfig, *,
     channels = load_channels(cfg.workers.pool)
     pool = HttpWorkerPool(channels, concurrency=cfg.workers.concurrency,
                           total_budget_s=options.worker_budget_s)
-    tokenizer = load_router_tokenizer(cfg, ckpt, [], pool)
-    mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
-    model = load_router(cfg, ckpt, mesh)
-    if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the router's vocab_size "
-                         f"is {model.config.vocab_size}")
-    eos = model.config.eos_token_id if model.config.eos_token_id is not None \
-        else tokenizer.eos_token_id
-    sidecar = None
-    if cfg.rollout.sampler == "vllm":
-        sidecar = Sidecar(cfg.rollout.vllm, model, tokenizer,
-                          work_dir or Path(ckpt.path).parent / "serve", seed=cfg.seed)
-        inner = sidecar.sampler
-    else:
-        inner = build_sampler(cfg, model, tokenizer, mesh, options.max_batch,
-                              pad_id=tokenizer.pad_token_id or 0)
-    del model
-    sampler = BatchingSampler(inner, max_batch=options.max_batch,
+    router = load_router_sampler(cfg, ckpt, [], pool, options.max_batch,
+                                 work_dir or Path(ckpt.path).parent / "serve")
+    sampler = BatchingSampler(router.sampler, max_batch=options.max_batch,
                               on_batch=None if metrics is None else metrics.sampled)
     fallbacks = {c.worker: c.fallback for c in channels.channels if c.fallback is not None}
-    service = RouterService(tokenizer, sampler, pool, env_config(cfg, eos), channels.prices(),
-                            fallbacks=fallbacks)
-    return Runtime(service, sampler, pool, sidecar)
+    service = RouterService(router.tokenizer, sampler, pool, env_config(cfg, router.eos),
+                            channels.prices(), fallbacks=fallbacks)
+    return Runtime(service, sampler, pool, router.sidecar)
