@@ -4,7 +4,9 @@ Runs `routeweaver train` for the full method (configs/quickstart.yaml: COMET-GRP
 reduction, progressive forced-mode curriculum, minimum-support loss) and for each ablation in
 configs/ablations/ (wo_comet, wo_progressive, plain GRPO), for several seeds, each in its own
 process; then prints the final task reward (mean of the last `--window` steps), the final mode
-shares of the free arm and the entropy of those shares, mean ± std over seeds.
+shares of the free arm and the entropy of those shares, mean ± std over seeds, and how many
+distinct modes lead the five domains (the most chosen free mode per domain over the last
+window; 1 = one mode for every question).
 
 Reference (paper Table 2): without progressive exploration the policy collapsed to `single`;
 without COMET it over-concentrated on `multi`.
@@ -27,6 +29,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jax_routeweaver.data.records import Domain  # noqa: E402
 from jax_routeweaver.rl.metrics import window_mean  # noqa: E402
 from jax_routeweaver.rl.run_log import read_metrics  # noqa: E402
 
@@ -51,13 +54,26 @@ def run(name: str, config: Path, seed: int, out: Path, overrides: list[str],
     return read_metrics(metrics)
 
 
+def top_modes(records: list[dict], window: int) -> list[str]:
+    """The most chosen free mode of each domain over the last ``window`` steps."""
+    leaders = []
+    for domain in (d.value for d in Domain):
+        shares = {m: window_mean(records, f"mode/share_by_domain/{domain}/{m}", last=window)
+                  for m in MODES}
+        shares = {m: v for m, v in shares.items() if not math.isnan(v)}
+        if shares:
+            leaders.append(max(shares, key=shares.get))
+    return leaders
+
+
 def final_stats(records: list[dict], window: int) -> dict[str, float]:
     shares = {m: window_mean(records, f"mode/share_free/{m}", last=window) for m in MODES}
     probs = np.array([0.0 if math.isnan(v) else v for v in shares.values()])
     entropy = float(-(probs[probs > 0] * np.log(probs[probs > 0])).sum())
     return {"reward": window_mean(records, "reward/mean", last=window),
             "reward_first": window_mean(records, "reward/mean", first=window),
-            **{f"share/{m}": v for m, v in shares.items()}, "entropy": entropy}
+            **{f"share/{m}": v for m, v in shares.items()}, "entropy": entropy,
+            "leading": float(len(set(top_modes(records, window))))}
 
 
 def main() -> None:
@@ -71,14 +87,16 @@ def main() -> None:
     args = p.parse_args()
 
     table = Table("config", "seeds", "reward first", "reward last", *[f"{m}" for m in MODES],
-                  "share entropy (nats)", title="ablations (mean ± std over seeds)")
+                  "share entropy (nats)", "modes leading a domain",
+                  title="ablations (mean ± std over seeds)")
     for name in args.configs:
         stats = [final_stats(run(name, CONFIGS[name], s, args.out, args.overrides, args.reuse),
                              args.window) for s in args.seeds]
         cell = lambda key, fmt=".2f", stats=stats: (
             f"{np.mean([x[key] for x in stats]):{fmt}} ± {np.std([x[key] for x in stats]):{fmt}}")
         table.add_row(name, str(len(stats)), cell("reward_first"), cell("reward"),
-                      *[cell(f"share/{m}") for m in MODES], cell("entropy"))
+                      *[cell(f"share/{m}") for m in MODES], cell("entropy"),
+                      cell("leading", ".1f"))
     Console().print(table)
 
 

@@ -1,4 +1,4 @@
-"""Does a trained run route by the question? Issue 31's quickstart checks, from run files.
+"""Does a trained run route by the question? Issue 42's quickstart checks, from run files.
 
 For each run directory (``metrics.jsonl``) and, optionally, `routeweaver eval favourites`
 outputs (``favourites.json``) it prints:
@@ -6,9 +6,11 @@ outputs (``favourites.json``) it prints:
 * the reward change: mean ``reward/mean`` of the last 10 steps minus the first 10 (Δ);
 * per domain, the most chosen mode over the last 10 steps (``mode/share_by_domain``) against
   the domain's measured favourite, and how many domains match;
-* per domain, the most called worker over the last 10 steps (``workers/share_by_domain``)
-  and its share, against the pool's most skilled worker for that domain at medium
-  difficulty (`routing.simulated_profiles.DEFAULT_PROFILES`), and how many distinct workers lead.
+* per domain, the most frequent first worker over the last 10 steps
+  (``workers/first_by_domain``: the first call of every row) and its share, the most called
+  worker overall (``workers/share_by_domain``), against the pool's most skilled worker for
+  that domain at medium difficulty (`routing.simulated_profiles.DEFAULT_PROFILES`), and how
+  many distinct first workers lead.
 
 Never pass/fail: the numbers go to bench/RESULTS.md.
 
@@ -61,14 +63,15 @@ def report(run: Path, favourites: Path | None) -> None:
     workers = sorted(DEFAULT_PROFILES)
     print(f"## {run}  ({len(records)} steps)")
     print(f"reward first {first:.3f} last {last:.3f} delta {last - first:+.3f}")
-    print("| domain | top mode (share) | favourite (margin, >2se) | match | top worker (share)"
-          " | most skilled |")
-    print("|---|---|---|---|---|---|")
+    print("| domain | top mode (share) | favourite (margin, >2se) | match | top first worker "
+          "(share) | top worker (share) | most skilled |")
+    print("|---|---|---|---|---|---|---|")
     matches, leaders = 0, set()
     for domain in (d.value for d in Domain):
         mode, share = top(records, f"mode/share_by_domain/{domain}/", list(MODES))
+        first_w, fshare = top(records, f"workers/first_by_domain/{domain}/", workers)
         worker, wshare = top(records, f"workers/share_by_domain/{domain}/", workers)
-        leaders.add(worker)
+        leaders.add(first_w)
         f = fav.get(domain)
         if f is not None:
             matches += mode == f["mode"]
@@ -76,11 +79,11 @@ def report(run: Path, favourites: Path | None) -> None:
             match = "yes" if mode == f["mode"] else "no"
         else:
             favourite, match = "-", "-"
-        print(f"| {domain} | {mode} ({share:.2f}) | {favourite} | {match} | {worker} "
-              f"({wshare:.2f}) | {best_skilled(domain)} |")
+        print(f"| {domain} | {mode} ({share:.2f}) | {favourite} | {match} | {first_w} "
+              f"({fshare:.2f}) | {worker} ({wshare:.2f}) | {best_skilled(domain)} |")
     if fav:
         print(f"domains whose top mode is the favourite: {matches} of {len(Domain)}")
-    print(f"distinct top workers across domains: {len(leaders)}\n")
+    print(f"distinct top first workers across domains: {len(leaders)}\n")
 
 
 def main() -> None:

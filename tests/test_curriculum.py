@@ -125,3 +125,82 @@ def test_plan_batch_k_rollouts_share_verdict():
     assert not any(p.forced for p in C.plan_batch(ids, 80, cfg))
     with pytest.raises(ValueError):
         C.plan_batch(ids[:2], 0, cfg, forced_modes=["single", "nope"])
+
+
+def test_question_floor_weight_takes_over_as_forcing_ends():
+    cfg = C.ExplorationConfig(question_floor=0.05, question_floor_weight=0.2)
+    assert C.question_floor_weight(1.0, cfg) == 0.0
+    assert C.question_floor_weight(0.25, cfg) == pytest.approx(0.15)
+    assert C.question_floor_weight(0.0, cfg) == pytest.approx(0.2)
+    # Off without a floor, whatever its weight; the paper's default is off.
+    assert C.question_floor_weight(0.0, C.ExplorationConfig(question_floor_weight=1.0)) == 0.0
+    assert C.ExplorationConfig().question_floor == 0.0
+    with pytest.raises(ValueError, match="question_floor=0.4"):
+        C.ExplorationConfig(question_floor=0.4)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("algo.exploration.question_floor=0.5", "algo.exploration.question_floor"),
+    ("algo.loss.question_floor=0.1", "algo.loss.question_floor"),
+    ("algo.loss.question_floor_weight=1", "algo.loss.question_floor_weight"),
+])
+def test_bad_question_floor_settings_name_the_field(override, key):
+    from pathlib import Path
+
+    from jax_routeweaver.config import ConfigError
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_train_config(quickstart, [override])
+
+
+def test_declaration_rows_are_scored_when_either_term_has_weight():
+    """The support loss needs rows while ρ > 0; the per-question floor after the forced
+    phase (ρ = 0) too; with neither, none are built."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from jax_routeweaver.rl import builders
+    from jax_routeweaver.rl.routeweaver_run import declaration_rows
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    base = ["model.init=random", "data.synthetic_queries=20"]
+    cfg = load_train_config(quickstart, base)
+    records = builders.build_records(cfg, Console(file=io.StringIO()))
+    tokenizer = builders.build_tokenizer(cfg, records, builders.build_pool(cfg, records))
+    batch = records[:4]
+    assert declaration_rows(cfg, tokenizer, batch, rho=1.0).query.max() == 3
+    assert declaration_rows(cfg, tokenizer, batch, rho=0.0) is None
+    floor = load_train_config(quickstart, [*base, "algo.exploration.question_floor=0.05",
+                                           "algo.exploration.question_floor_weight=0.5"])
+    rows = declaration_rows(floor, tokenizer, batch, rho=0.0)
+    assert rows is not None and int((rows.query >= 0).sum()) == 4 * 3
+    off = load_train_config(quickstart, [*base, "algo.support=false"])
+    assert declaration_rows(off, tokenizer, batch, rho=1.0) is None
+
+
+def test_the_learner_takes_its_declaration_terms_from_exploration():
+    from pathlib import Path
+
+    from jax_routeweaver.models.sharding import make_mesh
+    from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+    from jax_routeweaver.rl import builders
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    cfg = load_train_config(quickstart, [
+        "model.init=random", "model.tokenizer=qwen3", "algo.exploration.question_floor=0.04",
+        "algo.exploration.question_floor_weight=0.3", "algo.exploration.support_floor=0.1",
+        "algo.loss.micro_batch_size=8"])
+    mesh = make_mesh((1, -1, 1))
+    model = builders.random_policy(cfg, mesh, build_qwen3_tokenizer())
+    loss = builders.build_trainer(cfg, model, mesh).loss_cfg
+    assert (loss.support_lambda0, loss.support_floor) == (0.002, 0.1)
+    assert (loss.question_floor, loss.question_floor_weight) == (0.04, 0.3)
+    off = load_train_config(quickstart, ["model.init=random", "algo.support=false",
+                                         "algo.loss.micro_batch_size=8"])
+    assert builders.build_trainer(off, model, mesh).loss_cfg.support_lambda0 == 0.0

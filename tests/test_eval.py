@@ -501,7 +501,12 @@ def test_summary_numbers_match_hand_computed_values():
     assert s.infra == 1 and s.dataset("k1").infra == 1 and s.n == 6
     assert s.dataset("m2").mean_cost_usd == pytest.approx(0.002)
     table = report.accuracy_table({"r": s})
-    assert "| r | 50.0 | 66.7 | 58.3 | 0.0 | 0.0 | 29.2 | 38.9 | 0.00167 | 1.83 |" in table
+    # ± the binomial standard error: m1 sqrt(.5 .5 / 2) = 35.4, m2 sqrt(2/3 1/3 / 3) = 27.2;
+    # a mean of k estimates: sqrt(sum se^2) / k (MATH 22.3, Avg 22.3 / 2, datasets 44.6 / 3)
+    assert ("| r | 50.0 ± 35.4 | 66.7 ± 27.2 | 58.3 ± 22.3 | 0.0 ± 0.0 | 0.0 ± 0.0 | "
+            "29.2 ± 11.2 | 38.9 ± 14.9 | 0.00167 | 1.83 |") in table
+    assert s.dataset("m2").accuracy_se == pytest.approx(math.sqrt(2 / 27))
+    assert s.domains_n == {"MATH": 5, "KNOWLEDGE": 1}
     shares = report.mode_share_table(s)
     assert "| MATH | 20.0 | 20.0 | 40.0 | 20.0 |" in shares
     assert "| All | 33.3 | 16.7 | 33.3 | 16.7 |" in shares

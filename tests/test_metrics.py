@@ -171,7 +171,8 @@ def test_episode_shape_finish_cost(batch_metrics):
 
 def test_worker_shares_overall_and_by_domain():
     """Calls per worker: 3 of 5 to worker_1 overall; MATH's rows called worker_2 twice and
-    worker_1 once, RECALL's only worker_1 (worker_2 at 0 there); no calls, no keys."""
+    worker_1 once, RECALL's only worker_1 (worker_2 at 0 there); both MATH rows called
+    worker_2 first; no calls, no keys."""
     w = lambda name: WorkerCall(name, "p", "reply", True)
     rows = [row(M1, mode="multi", r=1.0, calls=[w("worker_2"), w("worker_1")]),
             row(M1, mode="single", r=0.0, calls=[w("worker_2")]),
@@ -184,7 +185,11 @@ def test_worker_shares_overall_and_by_domain():
         "workers/share_by_domain/MATH/worker_1": pytest.approx(1 / 3),
         "workers/share_by_domain/MATH/worker_2": pytest.approx(2 / 3),
         "workers/share_by_domain/RECALL/worker_1": 1.0,
-        "workers/share_by_domain/RECALL/worker_2": 0.0}
+        "workers/share_by_domain/RECALL/worker_2": 0.0,
+        "workers/first_by_domain/MATH/worker_1": 0.0,
+        "workers/first_by_domain/MATH/worker_2": 1.0,
+        "workers/first_by_domain/RECALL/worker_1": 1.0,
+        "workers/first_by_domain/RECALL/worker_2": 0.0}
     no_calls = [row(M1, mode="single", r=1.0), row(M1, mode="single", r=0.0)]
     trajs, rewards = zip(*no_calls, strict=True)
     assert not any(k.startswith("workers/") for k in rollout_metrics(

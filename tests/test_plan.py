@@ -145,9 +145,9 @@ def test_plan_command(tmp_path, capsys, devices):
     rows = json.loads(out.read_text())
     assert [r["remat"] for r in rows] == ["none", "full"]
     for r in rows:
-        # quickstart: 10 queries x 4 rollouts, 1 row per device on a 4-way fsdp mesh.
+        # quickstart: 5 queries x 8 rollouts, 1 row per device on a 4-way fsdp mesh.
         assert r["rows"] == 40 and r["micro_batch"] == 4 and r["mesh"] == [1, 4, 1]
-        assert r["length"] == 1024 and r["fits"] is True and r["support_queries"] == 10
+        assert r["length"] == 1024 and r["fits"] is True and r["support_queries"] == 5
     assert "need / have" in capsys.readouterr().out
 
     assert main(["plan", "--config", "configs/quickstart.yaml", "--arch", str(arch),

@@ -27,7 +27,8 @@ def config(tmp_path: Path, *extra: str):
     return load_train_config(QUICKSTART, [
         "model.init=stand-in", f"model.stand_in.cache_dir={tmp_path / 'cache'}",
         "data.synthetic_queries=60", "model.stand_in.steps=40",
-        "model.stand_in.batch_size=16", "model.stand_in.dims=8", *extra])
+        "model.stand_in.batch_size=16", "model.stand_in.dims=8",
+        "model.stand_in.demonstrations=24", "model.stand_in.bc_batch=4", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,8 @@ def test_worker_contexts_end_where_the_first_worker_is_chosen(run_parts, tmp_pat
         cfg, tokenizer, records), tokenizer.pad_token_id)
     assert tokens.shape[:2] == (3, 3) and choices.shape == (3, 6) and last.shape == (3, 3)
     assert mask.sum(-1).tolist() == (last + 1).tolist()
-    free = config(tmp_path, "model.stand_in.worker_weight=0", "rollout.task_text=")
+    free = config(tmp_path, "model.stand_in.worker_weight=0", "rollout.task_text=",
+                  "model.stand_in.demonstrations=0")
     with pytest.raises(ValueError, match="finite first actions"):
         _contexts(free, tokenizer, records)(records[0])
 
@@ -194,6 +196,9 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     assert w1["align"] > w0["align"] + 0.3 and w1["common"] < w0["common"], report
     assert w1["p_max"] < 0.35 and w1["entropy"] > 0.97, w1
     assert report["loss_last"]["loss"] < report["loss_first"]["loss"]
+    # Cloning the demonstrations: their held-out decision tokens became likelier.
+    assert after["bc_nll"] < before["bc_nll"] - 1.0, (before["bc_nll"], after["bc_nll"])
+    assert report["loss_last"]["bc"] < report["loss_first"]["bc"]
     assert not list((tmp_path / "cache").glob(".building-*"))
     # The run's policy is the cached model's weights.
     cached = stand_in.diagnostics(builders.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer,
@@ -208,8 +213,27 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     key = lambda c: stand_in.cache_key(model.config, tokenizer, records, c.model.stand_in,
                                        c.seed)
     assert key(config(tmp_path, "model.stand_in.common=0.3")) != key(cfg)
+    assert key(config(tmp_path, "model.stand_in.demonstrations=12")) != key(cfg)
     assert key(config(tmp_path, "seed=1")) != key(cfg)
     assert key(config(tmp_path / "elsewhere")) == key(cfg)
+    # The demonstrations enter the key through their tokens: another pool, another key.
+    demo = lambda c: builders_demonstrate(c, records, tokenizer)
+    with_demos = lambda c, d: stand_in.cache_key(model.config, tokenizer, records,
+                                                 c.model.stand_in, c.seed, demonstrate=d)
+    assert with_demos(cfg, demo(cfg)) != with_demos(cfg, None)
+    assert with_demos(cfg, demo(config(tmp_path, "workers.seed=3"))) != \
+        with_demos(cfg, demo(cfg))
+
+
+def builders_demonstrate(cfg, records, tokenizer):
+    """The run's `demonstrate` as `builders.stand_in_path` binds it."""
+    from jax_routeweaver.rl.demonstrations import demonstrations
+
+    pool = builders.build_pool(cfg, records, check=False)
+    make_env = routeweaver_envs(tokenizer, pool, routeweaver_run.env_config(
+        cfg, tokenizer.eos_token_id))
+    return lambda qs: demonstrations(qs, make_env, pool, tokenizer, pool.worker_ids(),
+                                     seed=cfg.seed)
 
 
 def _inputs(cfg, records, tokenizer):
@@ -233,12 +257,27 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     (["model.init=random", "model.stand_in.steps=10"], "model.stand_in"),
     (["model.init=stand-in", "model.stand_in.steps=0"], "model.stand_in.steps"),
     (["model.init=stand-in", "model.stand_in.holdout=1"], "model.stand_in.holdout"),
-    (["model.init=stand-in", "rollout.task_text="], "model.stand_in.worker_weight"),
+    (["model.init=stand-in", "rollout.task_text=", "model.stand_in.demonstrations=0"],
+     "model.stand_in.worker_weight"),
+    (["model.init=stand-in", "rollout.task_text="], "model.stand_in.demonstrations"),
     (["model.init=stand-in", "model.stand_in.worker_weight=-1"], "model.stand_in.worker_weight"),
+    (["model.init=stand-in", "rollout.answer_choices=false"], "model.stand_in.demonstrations"),
+    (["model.init=stand-in", "model.stand_in.bc_batch=0"], "model.stand_in.bc_batch"),
 ])
 def test_bad_stand_in_settings_name_the_field(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_train_config(QUICKSTART, overrides)
+
+
+def test_demonstrations_refuse_a_paid_pool(run_parts, tmp_path):
+    """The demonstrated episodes would call a channel file's workers: refused before any
+    call, naming the field (the simulated pool only)."""
+    records, tokenizer = run_parts
+    channels = Path(__file__).resolve().parents[1] / "configs" / "channels" / "reference.yaml"
+    cfg = config(tmp_path, f"workers.pool={channels}")
+    with pytest.raises(ValueError, match=r"model\.stand_in\.demonstrations=24: .*simulated"):
+        builders.stand_in_path(cfg, make_mesh((1, -1, 1)), tokenizer, records)
+    assert not (tmp_path / "cache").exists()
 
 
 def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
@@ -246,10 +285,11 @@ def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
 
     argv = ["warm-start", "--config", str(QUICKSTART), "model.init=stand-in",
             f"model.stand_in.cache_dir={tmp_path}", "data.synthetic_queries=60",
-            "model.stand_in.steps=20", "model.stand_in.dims=8"]
+            "model.stand_in.steps=20", "model.stand_in.dims=8",
+            "model.stand_in.demonstrations=8", "model.stand_in.bc_batch=4"]
     assert main(argv) == 0
     first = capsys.readouterr().out
-    assert "distilling 60 questions" in first and "domain_share" in first
+    assert "distilling 60 questions" in first and "domain_share" in first and "bc_nll" in first
     assert main(argv) == 0
     second = capsys.readouterr().out
     assert "reusing" in second and "distilling" not in second

@@ -14,7 +14,7 @@ from jax_routeweaver.models.sharding import create_sharded, make_mesh
 from jax_routeweaver.rl import losses
 from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 from jax_routeweaver.rl.support import support_batch
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.trainer import Trainer, UpdateBatch, param_groups
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
 
@@ -140,6 +140,21 @@ def support_rows(seed: int) -> tuple[list[list[int]], list[list[int]]]:
     return prompts, [[1, 2, 3, 40, 4, 5, 6], [1, 2, 3, 41, 4, 5, 6], [1, 2, 3, 42, 43, 4, 5, 6]]
 
 
+def declaration_scores(policy, prompts, decls) -> jax.Array:
+    """``[Q, 3]`` summed content-span logprobs of each declaration after each prompt, one
+    unchunked forward per row (the reference the chunked support pass must match)."""
+    out = []
+    for prompt in prompts:
+        row = []
+        for decl in decls:
+            ids = jnp.asarray([prompt + decl])
+            pos = jnp.arange(ids.shape[1])[None]
+            lp = token_logprobs(policy, ids, pos, jnp.ones_like(ids, bool))
+            row.append(lp[0, len(prompt) + 3: len(prompt) + len(decl) - 3].sum())
+        out.append(jnp.stack(row))
+    return jnp.stack(out)
+
+
 def test_support_gradient_equals_full_graph():
     """Chunked two-pass support gradient == autodiff through one unchunked forward."""
     prompts, decls = support_rows(seed=0)
@@ -150,16 +165,8 @@ def test_support_gradient_equals_full_graph():
     graphdef, params = nnx.split(model(seed=1), nnx.Param)
 
     def weighted(p):
-        scores = []
-        for prompt in prompts:
-            row = []
-            for decl in decls:
-                ids = jnp.asarray([prompt + decl])
-                pos = jnp.arange(ids.shape[1])[None]
-                lp = token_logprobs(nnx.merge(graphdef, p), ids, pos, jnp.ones_like(ids, bool))
-                row.append(lp[0, len(prompt) + 3: len(prompt) + len(decl) - 3].sum())
-            scores.append(jnp.stack(row))
-        part, _ = losses.support_loss(jnp.stack(scores), rho=0.8, lambda0=0.5, floor=0.3)
+        scores = declaration_scores(nnx.merge(graphdef, p), prompts, decls)
+        part, _ = losses.support_loss(scores, rho=0.8, lambda0=0.5, floor=0.3)
         return part.coef * part.value()
 
     want = jax.jit(jax.grad(weighted))(params)
@@ -424,3 +431,73 @@ def test_group_by_length_keeps_the_scan_when_cutting_saves_little():
     # Widely spread rows do get cut.
     spread = random_batch(n=8, length=256, seed=7, min_length=16)
     assert trainer.length_groups(spread["attention_mask"]) is not None
+
+
+def test_question_floor_gradient_equals_full_graph_and_weights_with_rho():
+    """The per-question mode floor joins the support pass: its chunked gradient equals
+    autodiff of λ0·ρ·L_support + λ_q·(1 − ρ)·L_floor through unchunked forwards; at ρ = 1
+    only the support term acts, at ρ = 0 only the floor."""
+    prompts, decls = support_rows(seed=0)
+    sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8)
+    cfg = LossConfig(support_lambda0=0.5, support_floor=0.3, support_chunk=4,
+                     question_floor=0.3, question_floor_weight=2.0)
+    trainer = Trainer(model(seed=1), OptimConfig(), cfg)
+    graphdef, params = nnx.split(model(seed=1), nnx.Param)
+
+    def scores(p):
+        return declaration_scores(nnx.merge(graphdef, p), prompts, decls)
+
+    def floor_by_hand(s):  # mean over queries and modes of max(0, log δ − log π)
+        logp = jax.nn.log_softmax(s, axis=-1)
+        return jnp.maximum(0.0, jnp.log(0.3) - logp).mean()
+
+    def weighted(p, rho):
+        s = scores(p)
+        part, _ = losses.support_loss(s, rho=rho, lambda0=0.5, floor=0.3)
+        return part.coef * part.value() + 2.0 * (1 - rho) * floor_by_hand(s)
+
+    grad = jax.jit(jax.grad(weighted))
+    probs = jax.nn.softmax(jax.jit(scores)(params), axis=-1)
+    for rho in (0.0, 0.4, 1.0):
+        got, metrics = trainer._support_grad(trainer.state.params, sb, jnp.float32(rho), 5)
+        assert_grads_close(grad(params, jnp.float32(rho)), got, rtol=1e-5)
+        assert float(metrics["floor/weight"]) == pytest.approx(2.0 * (1 - rho))
+        assert float(metrics["floor/min_prob"]) == pytest.approx(float(probs.min()), rel=1e-5)
+    # The rows are scored whenever either term has weight: at ρ = 0 (support weight 0) too.
+    _, _, kwargs = trainer._support_args(sb, 0.0, 5)
+    assert kwargs["with_support"]
+    off = Trainer(model(seed=1), OptimConfig(), LossConfig(support_lambda0=0.5))
+    assert not off._support_args(sb, 0.0, 5)[2]["with_support"]
+
+
+def test_trunk_lr_scale_moves_the_trunk_slower_than_the_head():
+    """With trunk_lr_scale s, one AdamW step moves every trunk weight by s times what the
+    same step moves it at one rate, and the head (lm_head) by the same amount."""
+    rows = random_batch(8)
+    batch = UpdateBatch(**rows)
+    start = nnx.split(model(seed=2), nnx.Param)[1]
+    moved = {}
+    for scale in (1.0, 0.1):
+        trainer = Trainer(model(seed=2), OptimConfig(lr=1e-2, trunk_lr_scale=scale),
+                          LossConfig(micro_batch_size=0))
+        trainer.update(batch)
+        moved[scale] = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b),
+                                    trainer.state.params, start)
+    get = lambda scale, *path: np.asarray(
+        moved[scale][path[0]][path[1]][...] if len(path) == 2 else moved[scale][path[0]][...])
+    np.testing.assert_allclose(get(0.1, "lm_head"), get(1.0, "lm_head"), rtol=1e-4, atol=1e-8)
+    assert np.abs(get(1.0, "layers", "q_proj")).max() > 1e-4
+    for path in (("layers", "q_proj"), ("layers", "down_proj"), ("embed",), ("final_norm",)):
+        np.testing.assert_allclose(get(0.1, *path), 0.1 * get(1.0, *path), rtol=1e-3,
+                                   atol=1e-8)
+
+
+def test_param_groups_name_the_head_tied_or_not():
+    untied = param_groups(nnx.split(model(), nnx.Param)[1])
+    assert untied["lm_head"].get_value() == "head" and untied["embed"].get_value() == "trunk"
+    tied_cfg = ModelConfig(**{**CFG.__dict__, "tie_word_embeddings": True})
+    tied = param_groups(nnx.split(Qwen3(tied_cfg, rngs=nnx.Rngs(0)), nnx.Param)[1])
+    assert tied["embed"].get_value() == "head"
+    assert {v for v in jax.tree.leaves(tied)} == {"head", "trunk"}
+    with pytest.raises(ValueError, match="trunk_lr_scale"):
+        OptimConfig(trunk_lr_scale=0.0)

@@ -83,8 +83,10 @@ def _warm_start(args: argparse.Namespace) -> int:
     table.add_column("diagnostic")
     table.add_column("random init", justify="right")
     table.add_column("stand-in", justify="right")
-    for key in ("align", "domain_share", "probe", "common", "mode_p_max", "mode_entropy"):
-        table.add_row(key, f"{report['before'][key]:.3f}", f"{report['after'][key]:.3f}")
+    for key in ("align", "domain_share", "probe", "common", "mode_p_max", "mode_entropy",
+                "bc_nll"):
+        if key in report["after"]:  # bc_nll: only with demonstrations
+            table.add_row(key, f"{report['before'][key]:.3f}", f"{report['after'][key]:.3f}")
     console.print(table)
     print(f"model.init=stand-in loads {path} (built in {report['seconds']} s)")
     return 0

@@ -22,11 +22,22 @@ A dump (``rows.jsonl``) holds one JSON object per evaluated question with at lea
     mode_shares[m]     = share of rows whose mode is m ("none": no mode was declared), over
                          all rows and per domain
     mean_cost_usd, mean_calls, mean_tokens = means per question over all rows
+  Standard errors (`binomial_se`, `mean_se`), over the same rows as the accuracy they go with
+  (infra-failed rows included, as wrong):
+    accuracy_se(dataset) = sqrt(p (1 - p) / n), p its accuracy, n its rows (`DatasetScore.n`)
+    domains_se[d]      = sqrt(sum of its datasets' squared se) / k over d's k datasets, each
+                         se binomial over the dataset's Table-1 rows (`domains_n[d]` rows)
+    avg_se, dataset_avg_se = the same propagation over the domains / the datasets
+  None where there is nothing to average (never NaN).
+
+The accuracy-cost frontier (`eval.frontier`) is taken over (`avg`, `mean_cost_usd`)
+(`accuracy_cost_points`).
 
 Writers: `write_summary` (one router: ``summary.json``, ``summary.md``, ``mode_shares.png``,
 ``accuracy_vs_cost.png``) and `write_comparison` (several: ``comparison.json``,
-``comparison.md``, the same two plots over all of them). Plots render through
-`matplotlib.figure.Figure` (the Agg canvas): the global pyplot backend is left alone.
+``comparison.md``, the same two plots over all of them; each router's entry in
+``comparison.json`` adds ``on_frontier``, ``dominated_by`` and ``upper_bound``). Plots render
+through `matplotlib.figure.Figure` (the Agg canvas): the global pyplot backend is left alone.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from jax_routeweaver.data.records import Domain
+from jax_routeweaver.eval.frontier import frontier_line, frontier_of
 from jax_routeweaver.rewards.reward import INFRA_KINDS
 
 ROW_KEYS: tuple[str, ...] = ("sample_id", "dataset", "domain", "router", "mode", "workers",
@@ -180,6 +192,7 @@ class DatasetScore:
     infra: int
     mean_cost_usd: float
     mean_calls: float
+    accuracy_se: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +216,10 @@ class Summary:
     alpha: float | None = None
     avg_covers: tuple[str, ...] = ()
     avg_excluded: int = 0
+    domains_se: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    domains_n: dict[str, int] = dataclasses.field(default_factory=dict)
+    avg_se: float | None = None
+    dataset_avg_se: float | None = None
 
     def dataset(self, name: str) -> DatasetScore | None:
         return next((d for d in self.datasets if d.dataset == name), None)
@@ -213,6 +230,22 @@ class Summary:
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+def binomial_se(p: float, n: int) -> float | None:
+    """The standard error of a share `p` of `n` rows, sqrt(p (1 - p) / n); None when n is 0
+    or p is not a number."""
+    if n <= 0 or math.isnan(p):
+        return None
+    return math.sqrt(max(p * (1 - p), 0.0) / n)
+
+
+def mean_se(ses: Sequence[float | None]) -> float | None:
+    """The standard error of the unweighted mean of k independent estimates whose standard
+    errors are `ses`: sqrt(sum se_i^2) / k; None when `ses` is empty or holds a None."""
+    if not ses or any(se is None for se in ses):
+        return None
+    return math.sqrt(sum(se * se for se in ses if se is not None)) / len(ses)
 
 
 def _domain_rank(domain: str) -> tuple[int, str]:
@@ -272,6 +305,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], *, router: str | None = None,
         scores.append(DatasetScore(
             dataset=dataset, domain=dataset_domain[dataset], n=len(group), correct=correct,
             accuracy=correct / len(group), infra=sum(_is_infra(r) for r in group),
+            accuracy_se=binomial_se(correct / len(group), len(group)),
             mean_cost_usd=_mean([float(r["cost_usd"]) for r in group]),
             mean_calls=_mean([float(r["calls"]) for r in group])))
     covered = [r for r in rows if in_table1(r)]
@@ -279,15 +313,23 @@ def summarize(rows: Sequence[Mapping[str, Any]], *, router: str | None = None,
     for row in covered:
         accuracy.setdefault(row["dataset"], []).append(bool(row["correct"]))
     averaged = {d: sum(v) / len(v) for d, v in accuracy.items()}
+    averaged_se = {d: binomial_se(averaged[d], len(v)) for d, v in accuracy.items()}
     domains: dict[str, float] = {}
+    domains_se: dict[str, float | None] = {}
+    domains_n: dict[str, int] = {}
     for domain in sorted({dataset_domain[d] for d in averaged}, key=_domain_rank):
-        domains[domain] = _mean([a for d, a in averaged.items() if dataset_domain[d] == domain])
+        members = [d for d in averaged if dataset_domain[d] == domain]
+        domains[domain] = _mean([averaged[d] for d in members])
+        domains_se[domain] = mean_se([averaged_se[d] for d in members])
+        domains_n[domain] = sum(len(accuracy[d]) for d in members)
     by_domain = {d: _shares([r for r in rows if r["domain"] == d]) for d in domains}
     covers = sorted({f"{set_stem(r) or '-'}/{r['dataset']}" for r in covered})
     return Summary(
         router=name, n=len(rows), datasets=tuple(scores), domains=domains,
         avg=_mean(list(domains.values())), dataset_avg=_mean(list(averaged.values())),
         avg_covers=tuple(covers), avg_excluded=len(rows) - len(covered),
+        domains_se=domains_se, domains_n=domains_n, avg_se=mean_se(list(domains_se.values())),
+        dataset_avg_se=mean_se(list(averaged_se.values())),
         mode_shares=_shares(rows), mode_shares_by_domain=by_domain,
         mean_cost_usd=_mean([float(r["cost_usd"]) for r in rows]),
         mean_calls=_mean([float(r["calls"]) for r in rows]),
@@ -298,6 +340,13 @@ def summarize(rows: Sequence[Mapping[str, Any]], *, router: str | None = None,
 # ------------------------------------------------------------------------------ tables
 def _pct(value: float) -> str:
     return "–" if value is None or math.isnan(value) else f"{100 * value:.1f}"
+
+
+def _pct_se(value: float, se: float | None) -> str:
+    """A percent with its standard error, "70.0 ± 2.6"; the percent alone without an se."""
+    if se is None or value is None or math.isnan(value) or math.isnan(se):
+        return _pct(value)
+    return f"{_pct(value)} ± {100 * se:.1f}"
 
 
 def _usd(value: float) -> str:
@@ -324,7 +373,8 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str =
 def accuracy_table(summaries: Mapping[str, Summary]) -> str:
     """Table 1 as markdown: one row per router; per domain its datasets' accuracies (%) and
     the domain average, then Avg (over domains), Avg over datasets, cost and calls per
-    question. A dataset a router was not evaluated on shows "–"."""
+    question. Every accuracy shows its standard error ("70.0 ± 2.6"). A dataset a router was
+    not evaluated on shows "–"."""
     columns = _columns(list(summaries.values()))
     header = ["router", *(f"{d} avg" if ds is None else f"{d} / {ds}" for d, ds in columns),
               "Avg", "Avg (datasets)", "$ / query", "calls / query"]
@@ -333,11 +383,14 @@ def accuracy_table(summaries: Mapping[str, Summary]) -> str:
         cells = []
         for domain, dataset in columns:
             if dataset is None:
-                cells.append(_pct(s.domains.get(domain, math.nan)))
+                cells.append(_pct_se(s.domains.get(domain, math.nan),
+                                     s.domains_se.get(domain)))
             else:
                 score = s.dataset(dataset)
-                cells.append(_pct(score.accuracy if score else math.nan))
-        body.append([name, *cells, _pct(s.avg), _pct(s.dataset_avg), _usd(s.mean_cost_usd),
+                cells.append("–" if score is None else _pct_se(score.accuracy,
+                                                                score.accuracy_se))
+        body.append([name, *cells, _pct_se(s.avg, s.avg_se),
+                     _pct_se(s.dataset_avg, s.dataset_avg_se), _usd(s.mean_cost_usd),
                      f"{s.mean_calls:.2f}"])
     return _md_table(header, body)
 
@@ -353,15 +406,17 @@ def mode_share_table(summary: Summary) -> str:
 
 
 def dataset_table(summary: Summary) -> str:
-    rows = [[s.domain, s.dataset, str(s.n), str(s.correct), _pct(s.accuracy), str(s.infra),
-             _usd(s.mean_cost_usd), f"{s.mean_calls:.2f}"] for s in summary.datasets]
+    """Per dataset: rows, correct, accuracy (%, ± its standard error), infra-failed rows,
+    cost and calls per question."""
+    rows = [[s.domain, s.dataset, str(s.n), str(s.correct), _pct_se(s.accuracy, s.accuracy_se),
+             str(s.infra), _usd(s.mean_cost_usd), f"{s.mean_calls:.2f}"] for s in summary.datasets]
     return _md_table(["domain", "dataset", "n", "correct", "accuracy %", "infra",
                       "$ / query", "calls / query"], rows)
 
 
 def console_table(summaries: Mapping[str, Summary]) -> Any:
     """Table 1 as a rich `Table` for the console: per router, the domain averages, Avg,
-    Avg over datasets, cost and calls per question."""
+    Avg over datasets (each ± its standard error), cost and calls per question."""
     from rich.table import Table
 
     domains = sorted({d for s in summaries.values() for d in s.domains}, key=_domain_rank)
@@ -369,17 +424,29 @@ def console_table(summaries: Mapping[str, Summary]) -> Any:
     for name in ("router", *domains, "Avg", "Avg (datasets)", "$ / query", "calls"):
         table.add_column(name, justify="left" if name == "router" else "right")
     for name, s in summaries.items():
-        table.add_row(name, *(_pct(s.domains.get(d, math.nan)) for d in domains), _pct(s.avg),
-                      _pct(s.dataset_avg), _usd(s.mean_cost_usd), f"{s.mean_calls:.2f}")
+        table.add_row(name, *(_pct_se(s.domains.get(d, math.nan), s.domains_se.get(d))
+                              for d in domains),
+                      _pct_se(s.avg, s.avg_se), _pct_se(s.dataset_avg, s.dataset_avg_se),
+                      _usd(s.mean_cost_usd), f"{s.mean_calls:.2f}")
     return table
 
 
+def accuracy_cost_points(summaries: Mapping[str, Summary]) -> dict[str, tuple[float, float]]:
+    """name -> (Avg, mean worker cost per question in USD): the axes of
+    `plot_accuracy_vs_cost` and of the frontier."""
+    return {name: (s.avg, s.mean_cost_usd) for name, s in summaries.items()}
+
+
+# ------------------------------------------------------------------------------ reports
 def compare(summaries: Mapping[str, Summary]) -> str:
-    """The multi-router report as markdown: Table 1 over all routers, then each router's
-    mode shares per domain (Figure 4)."""
+    """The multi-router report as markdown: Table 1 over all routers (with several routers,
+    followed by the accuracy-cost frontier line, `frontier_line`), then each router's mode
+    shares per domain (Figure 4)."""
     if not summaries:
         raise ValueError("compare: no summaries")
     parts = ["## Accuracy (%) and cost per question", "", accuracy_table(summaries)]
+    if len(summaries) > 1:
+        parts += ["", frontier_line(accuracy_cost_points(summaries))]
     first = next(iter(summaries.values()))
     if first.avg_excluded:
         parts += ["", f"Domain averages and Avg cover (as the paper's Table 1): "
@@ -435,16 +502,28 @@ def plot_mode_shares(summaries: Mapping[str, Summary], path: str | os.PathLike[s
 
 def plot_accuracy_vs_cost(summaries: Mapping[str, Summary],
                           path: str | os.PathLike[str]) -> Path:
-    """Figure 3: average accuracy (`avg`) against mean cost per question, one point per
-    router, labelled with its α (and its name when α is unknown or shared)."""
+    """Figure 3: average accuracy (`avg`, ± its standard error as a vertical bar) against
+    mean cost per question, one point per router, labelled with its α (and its name when α
+    is unknown or shared). The accuracy-cost frontier (`frontier_of`) is a step line through
+    its routers by cost; dominated routers are hollow circles, upper bounds (oracle) hollow
+    stars."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     fig = Figure(figsize=(6.4, 4.6), layout="constrained")
     ax = fig.add_subplot()
     alphas = [s.alpha for s in summaries.values()]
-    for name, s in summaries.items():
+    points = accuracy_cost_points(summaries)
+    front = frontier_of(points)
+    for k, (name, s) in enumerate(summaries.items()):
         x, y = s.mean_cost_usd, 100 * s.avg
-        ax.scatter([x], [y], s=36)
+        yerr = None if s.avg_se is None else [100 * s.avg_se]
+        color = f"C{k % 10}"
+        filled = name in front.frontier
+        ax.errorbar([x], [y], yerr=yerr, fmt="*" if name in front.upper_bounds else "o",
+                    markersize=11 if name in front.upper_bounds else 7, color=color,
+                    markerfacecolor=color if filled else "none", markeredgewidth=1.4,
+                    capsize=3, elinewidth=1)
         if s.alpha is None:
             label = name
         elif alphas.count(s.alpha) > 1:
@@ -458,9 +537,26 @@ def plot_accuracy_vs_cost(summaries: Mapping[str, Summary],
     # The trade-off curve of an α sweep (not when routers share an α: e.g. forced modes).
     if len(with_alpha) > 1 and len({a for a, _, _ in with_alpha}) == len(with_alpha):
         ax.plot([c for _, c, _ in with_alpha], [a for _, _, a in with_alpha], color="grey",
-                linewidth=1, alpha=0.6)
-    ax.set(xlabel="mean worker cost per question (USD)", ylabel="average accuracy (%)",
-           title="accuracy vs cost")
+                linewidth=1, alpha=0.6, linestyle=":")
+    handles = []
+    if len(front.frontier) > 1:
+        ax.step([points[n][1] for n in front.frontier],
+                [100 * points[n][0] for n in front.frontier], where="post", color="black",
+                linewidth=1.2, alpha=0.7, zorder=1)
+        handles.append(Line2D([], [], color="black", linewidth=1.2, label="frontier"))
+    if len(summaries) > 1:
+        handles.append(Line2D([], [], color="grey", marker="o", linestyle="none",
+                              label="on the frontier"))
+    if front.dominated:
+        handles.append(Line2D([], [], color="grey", marker="o", markerfacecolor="none",
+                              linestyle="none", label="dominated"))
+    if front.upper_bounds:
+        handles.append(Line2D([], [], color="grey", marker="*", markerfacecolor="none",
+                              markersize=10, linestyle="none", label="upper bound"))
+    if handles:
+        ax.legend(handles=handles, fontsize="small", loc="best")
+    ax.set(xlabel="mean worker cost per question (USD)",
+           ylabel="average accuracy (%, ± standard error)", title="accuracy vs cost")
     ax.margins(0.15)
     path = Path(path)
     fig.savefig(path, dpi=100)
@@ -482,12 +578,15 @@ def write_summary(summary: Summary, out_dir: str | os.PathLike[str]) -> list[Pat
 
 def write_comparison(summaries: Mapping[str, Summary],
                      out_dir: str | os.PathLike[str]) -> list[Path]:
-    """``comparison.json`` (every summary), ``comparison.md`` (`compare`) and the two plots
-    over all routers."""
+    """``comparison.json`` (router -> its summary, plus `Frontier.entry`'s keys:
+    ``on_frontier``, ``dominated_by``, ``upper_bound``), ``comparison.md`` (`compare`) and
+    the two plots over all routers."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    front = frontier_of(accuracy_cost_points(summaries))
     (out / COMPARISON_JSON).write_text(json.dumps(
-        {name: s.to_json() for name, s in summaries.items()}, indent=1) + "\n")
+        {name: {**s.to_json(), **front.entry(name)} for name, s in summaries.items()},
+        indent=1) + "\n")
     (out / COMPARISON_MD).write_text(compare(summaries))
     return [out / COMPARISON_JSON, out / COMPARISON_MD,
             plot_mode_shares(summaries, out / MODE_SHARES_PNG),

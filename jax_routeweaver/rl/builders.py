@@ -1,10 +1,11 @@
 """Building a run's parts from its `TrainConfig`: records, worker pool, tokenizer, policy,
-sampler and dialect. The loop (`rl.loop.train`), evaluation, `warm-start` and the benchmarks
-build the same parts the same way through these functions.
+learner, sampler and dialect. The loop (`rl.loop.train`), evaluation, `warm-start` and the
+benchmarks build the same parts the same way through these functions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,15 @@ from jax_routeweaver.models.tokenizer import (
 )
 from jax_routeweaver.rl import stand_in
 from jax_routeweaver.rl.checkpoint import restore_policy
+from jax_routeweaver.rl.demonstrations import demonstrations
 from jax_routeweaver.rl.dialect import Dialect
 from jax_routeweaver.rl.pool_check import check_run_pool
 from jax_routeweaver.rl.router_r1_run import RouterR1Dialect
 from jax_routeweaver.rl.routeweaver_run import RouteWeaverDialect, env_config
 from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.rl.trainer import Trainer
 from jax_routeweaver.routing.channels import load_channels
+from jax_routeweaver.routing.episode import Trajectory
 from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
 from jax_routeweaver.routing.simulated import SimulatedWorkerPool
 from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
@@ -87,6 +91,19 @@ def build_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any,
     return model
 
 
+def build_trainer(cfg: TrainConfig, model: Qwen3, mesh: Any) -> Trainer:
+    """The run's learner: `Trainer` over ``model`` with ``optim``, ``algo.loss`` and the
+    exploration schedule's declaration terms (the support loss's λ0, 0 with ``algo.support``
+    off, and δ; the per-question floor's δ_q and λ_q), at the rollout temperature."""
+    explore = cfg.algo.exploration
+    loss = dataclasses.replace(
+        cfg.algo.loss, support_lambda0=explore.support_lambda0 if cfg.algo.support else 0.0,
+        support_floor=explore.support_floor, question_floor=explore.question_floor,
+        question_floor_weight=explore.question_floor_weight)
+    return Trainer(model, cfg.optim, loss, temperature=cfg.rollout.temperature, mesh=mesh,
+                   seed=cfg.seed)
+
+
 def random_config(cfg: TrainConfig, tokenizer: Any) -> ModelConfig:
     """The architecture of ``model.random``, with vocab_size (rounded up to 128) and the
     eos/pad/bos ids from the tokenizer unless given."""
@@ -107,21 +124,33 @@ def random_policy(cfg: TrainConfig, mesh: Any, tokenizer: Any) -> Qwen3:
 def stand_in_path(cfg: TrainConfig, mesh: Any, tokenizer: Any, records: Sequence[Record],
                   log: Callable[[str], None] | None = None) -> Path:
     """The HF directory of the run's stand-in (`rl.stand_in`), distilled from
-    `random_policy` on the questions of `records` when not cached yet (the random
-    weights are only built then)."""
+    `random_policy` on the questions of `records` (and cloning the pool's demonstrated
+    episodes, `rl.demonstrations`) when not cached yet (the random weights are only built
+    then)."""
     if not records:
         raise ValueError("model.init: stand-in needs the run's questions to distil on")
-    contexts = None
-    if cfg.model.stand_in.worker_weight > 0:
+    settings = cfg.model.stand_in
+    if settings.demonstrations > 0 and cfg.workers.pool != "simulated":
+        raise ValueError(f"model.stand_in.demonstrations={settings.demonstrations}: the "
+                         "demonstrated episodes would call the paid workers of workers.pool "
+                         f"{cfg.workers.pool!r}; they run on the simulated pool only (set it "
+                         "to 0)")
+    contexts = demonstrate = None
+    if settings.worker_weight > 0 or settings.demonstrations > 0:
         pool = build_pool(cfg, list(records), check=False)  # train() checked it
         config = random_config(cfg, tokenizer)
         make_env = routeweaver_envs(tokenizer, pool, env_config(cfg, config.eos_token_id))
-        offered = len(cfg.workers.offered) or len(pool.worker_ids())
-        contexts = stand_in.env_worker_contexts(make_env, tokenizer, offered)
+        offered = list(cfg.workers.offered) or pool.worker_ids()
+        if settings.worker_weight > 0:
+            contexts = stand_in.env_worker_contexts(make_env, tokenizer, len(offered))
+        if settings.demonstrations > 0:
+            def demonstrate(questions: Sequence[Record]) -> list[Trajectory]:
+                return demonstrations(questions, make_env, pool, tokenizer, offered,
+                                      seed=cfg.seed)
     return stand_in.ensure_stand_in(random_config(cfg, tokenizer),
                                     lambda: random_policy(cfg, mesh, tokenizer), tokenizer,
-                                    records, cfg.model.stand_in, seed=cfg.seed,
-                                    worker_contexts=contexts, log=log)
+                                    records, settings, seed=cfg.seed, worker_contexts=contexts,
+                                    demonstrate=demonstrate, log=log)
 
 
 def build_sampler(cfg: TrainConfig, model: Qwen3, tokenizer: Any, mesh: Any, rows: int,

@@ -21,16 +21,30 @@ MODES = ("single", "multi", "agentic")
 
 @dataclasses.dataclass(frozen=True)
 class ExplorationConfig:
-    """Reference numbers: ρ = 1 for b ≤ 25, linear to 0 at b = 75 (paper main arm)."""
+    """Reference numbers: ρ = 1 for b ≤ 25, linear to 0 at b = 75 (paper main arm).
+
+    ``question_floor`` / ``question_floor_weight``: the per-question mode floor
+    (docs/algorithm.md, "The per-question mode floor"), not in the paper, off by default:
+    the minimum-support loss bounds the batch mean π̄ only, so once every query of a domain
+    declares one mode its other modes are never sampled again there. The floor's hinge
+    ``mean_q (1/3) Σ_m max(0, log δ_q − log π_M(m|q))`` keeps each mode at probability
+    ≥ δ_q for every query, weighted ``λ_q·(1 − ρ_b)``: it takes over as forcing ends."""
 
     forced_start_batch: int = bounded(25, "[-1, inf)")  # batch index; -1: ρ = 0 from batch 0
     forced_anneal_steps: int = bounded(50, "[1, inf)")  # batches from ρ = 1 to ρ = 0
     support_lambda0: float = bounded(0.002, "[0, inf)")  # λ0, the support loss weight at ρ = 1
     support_floor: float = bounded(0.05, "[0, 1]")  # a mode's probability floor
+    # δ_q: each query's floor on the probability of every mode; 0 = off; below 1/3
+    question_floor: float = bounded(0.0, "[0, 0.3333)")
+    # λ_q: the per-question floor's weight once ρ_b = 0 (it is λ_q·(1 − ρ_b))
+    question_floor_weight: float = bounded(0.0, "[0, inf)")
 
     def __post_init__(self) -> None:
         if self.forced_anneal_steps <= 0:
             raise ValueError(f"forced_anneal_steps={self.forced_anneal_steps} must be positive")
+        if not 0.0 <= self.question_floor < 1.0 / 3.0:
+            raise ValueError(f"question_floor={self.question_floor} must be in [0, 1/3): "
+                             "three modes cannot all stay above 1/3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +114,14 @@ def forced_ratio(batch_index: int, cfg: ExplorationConfig = ExplorationConfig())
 def support_lambda(batch_index: int, cfg: ExplorationConfig = ExplorationConfig()) -> float:
     """``λ_b = λ0 · ρ_b``; the support term is skipped when this is ≤ 0."""
     return cfg.support_lambda0 * forced_ratio(batch_index, cfg)
+
+
+def question_floor_weight(rho: float, cfg: ExplorationConfig = ExplorationConfig()) -> float:
+    """The per-question mode floor's weight at forced ratio ``rho``: ``λ_q · (1 − ρ)`` when
+    ``question_floor`` > 0, else 0 (skipped)."""
+    if cfg.question_floor <= 0:
+        return 0.0
+    return cfg.question_floor_weight * (1.0 - rho)
 
 
 def query_draw(sample_id: str) -> float:

@@ -23,10 +23,17 @@ class OptimConfig:
     b1: float = bounded(0.9, "[0, 1)")  # Adam first-moment decay
     b2: float = bounded(0.999, "[0, 1)")  # Adam second-moment decay
     eps: float = bounded(1e-8, "(0, inf)")  # Adam denominator epsilon
+    # The trunk's learning rate as a multiple of lr: every weight but the output head (the
+    # lm_head; with tied embeddings the embedding, which is the head); the head keeps lr.
+    # 1 = one rate for all (the paper); below 1 the choice rows move before the states that
+    # every question shares (`trainer.scale_groups`; docs/algorithm.md, "Optimizer").
+    trunk_lr_scale: float = bounded(1.0, "(0, inf)")
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"optim.lr={self.lr} must be > 0")
+        if not self.trunk_lr_scale > 0:
+            raise ValueError(f"optim.trunk_lr_scale={self.trunk_lr_scale} must be > 0")
         for name in ("weight_decay", "grad_clip", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"optim.{name}={getattr(self, name)} must be >= 0")
@@ -54,6 +61,8 @@ class LossConfig:
     micro_batch_size: int = bounded(0, "[0, inf)")  # rows; 0 = the whole mini-batch
     support_lambda0: float = bounded(0.002, "[0, inf)")  # set via algo.exploration
     support_floor: float = bounded(0.05, "[0, 1]")  # set via algo.exploration
+    question_floor: float = bounded(0.0, "[0, 0.3333)")  # set via algo.exploration
+    question_floor_weight: float = bounded(0.0, "[0, inf)")  # set via algo.exploration
     support_chunk: int = bounded(12, "[1, inf)")  # rows per support forward
     ppo_mini_batches: int = bounded(1, "[1, inf)")
     ppo_epochs: int = bounded(1, "[1, inf)")

@@ -50,6 +50,7 @@ from jax_routeweaver.rl.builders import (
     build_records,
     build_sampler,
     build_tokenizer,
+    build_trainer,
     dialect_for,
 )
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, list_steps
@@ -58,13 +59,12 @@ from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
 from jax_routeweaver.rl.pool_check import check_run_pool
 from jax_routeweaver.rl.provenance import provenance
 from jax_routeweaver.rl.replica import HostReplicas, replica_model
-from jax_routeweaver.rl.routeweaver_run import mode_declarations
+from jax_routeweaver.rl.routeweaver_run import declaration_rows
 from jax_routeweaver.rl.run_log import Progress, RunLogger, read_metrics
 from jax_routeweaver.rl.run_plots import plot_run, summary_table
-from jax_routeweaver.rl.support import SupportBatch, support_batch
+from jax_routeweaver.rl.support import SupportBatch
 from jax_routeweaver.rl.train_config import TrainConfig
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
-from jax_routeweaver.routing import prompts
+from jax_routeweaver.rl.trainer import UpdateBatch
 from jax_routeweaver.routing.episode import EpisodeStats, Trajectory, run_episodes_async
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
 from jax_routeweaver.sampling.sidecar import Sidecar
@@ -174,19 +174,12 @@ class _Run:
             shuffle=d.shuffle, seed=d.seed, num_batches=None if d.repeat else cfg.steps,
             repeat=d.repeat))
         self._build_sampler(model)
-        explore = cfg.algo.exploration
-        loss = dataclasses.replace(cfg.algo.loss, support_lambda0=explore.support_lambda0,
-                                   support_floor=explore.support_floor)
-        self.trainer = Trainer(model, cfg.optim, loss,
-                               temperature=cfg.rollout.temperature, mesh=self.mesh,
-                               seed=cfg.seed)
+        self.trainer = build_trainer(cfg, model, self.mesh)
         # Router-R1's PPO: a critic started from the policy's initial weights (docs/router_r1.md).
         self.critic = Critic(model, cfg.algo.critic, batching=self.trainer) \
             if cfg.algo.estimator == "ppo_gae" else None
         del model  # the sampler, the trainer and the critic hold their own copies
         self.dialect.start(self.tokenizer, self.pool, self.eos_id)
-        self.declarations = mode_declarations(self.tokenizer) if self.dialect.has_modes \
-            else []
         ckpt = self.out / "checkpoints"
         self.policy_ckpt = PolicyCheckpointer(ckpt / "policy", keep=cfg.checkpoint.keep_policy)
         self.state_ckpt = StateCheckpointer(ckpt / "state", keep=cfg.checkpoint.keep_full)
@@ -418,17 +411,11 @@ class _Run:
         return inputs, inputs.metrics | critic
 
     def support_rows(self, rollout: Rollout, rho: float) -> SupportBatch | None:
-        """The support loss's declaration rows, when it has weight this step (λ0·ρ > 0)."""
-        algo = self.cfg.algo
-        if not (algo.support and algo.exploration.support_lambda0 * rho > 0):
+        """The declaration rows of the batch's queries, when the learner's declaration terms
+        have weight this step (`routeweaver_run.declaration_rows`)."""
+        if not self.dialect.has_modes:
             return None
-        selector = [prompts.selector_prompt_ids(self.tokenizer, r.question)
-                    for r in rollout.batch.records]
-        return support_batch(selector, self.declarations, pad_id=self.pad_id,
-                             chunk=algo.loss.support_chunk, span=algo.mode_score_span,
-                             max_prompt=algo.support_max_prompt,
-                             constrained=self.cfg.rollout.constrained,
-                             forced=[r.forced_mode is not None for r in rollout.records])
+        return declaration_rows(self.cfg, self.tokenizer, rollout.records, rho=rho)
 
     def save(self, step: int) -> float:
         """The policy step (every step; an async orbax write that overlaps the next rollout,

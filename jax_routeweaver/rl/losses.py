@@ -429,22 +429,60 @@ def mode_probability_metrics(mode_scores: jax.Array, first_scores: jax.Array,
     return out
 
 
+def question_floor_loss(mode_scores: jax.Array, *, floor: float
+                        ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per-question mode floor (docs/algorithm.md, "The per-question mode floor").
+
+    ``mode_scores [Q, 3]`` as in :func:`support_loss`; ``π_M(·|x) = softmax(s)`` per query and
+    ``L = mean_q (1/3) Σ_m max(0, log δ_q − log(π_M(m|x_q) + 1e-12))``: zero while every query
+    gives every mode at least ``floor``. Unlike the support loss (a floor on the batch mean
+    π̄), it keeps each mode sampled for each question, where a mode the policy dropped on a
+    whole domain would otherwise never be tried there again. Returns ``(L, metrics)``
+    (unweighted)."""
+    chex.assert_rank(mode_scores, 2)
+    chex.assert_axis_dimension(mode_scores, 1, len(MODES))
+    probs = jax.nn.softmax(mode_scores.astype(jnp.float32), axis=-1)
+    penalty = jnp.maximum(0.0, jnp.log(floor) - jnp.log(probs + SUPPORT_EPS))  # [Q, 3]
+    loss = penalty.mean()
+    metrics = {"floor/loss": loss, "floor/min_prob": probs.min(),
+               "floor/below_share": (probs < floor).any(-1).mean()}
+    return loss, metrics
+
+
+def declaration_objective(mode_scores: jax.Array, *, rho: float | jax.Array,
+                          lambda0: float = 0.002, floor: float = 0.05,
+                          question_floor: float = 0.0, question_weight: float | jax.Array = 0.0
+                          ) -> jax.Array:
+    """The weighted declaration terms of a batch's ``mode_scores [Q, 3]``:
+    ``λ0·ρ·L_support + w_q·L_floor``, the second only when ``question_floor`` > 0
+    (``w_q`` = λ_q·(1 − ρ), `curriculum.question_floor_weight`)."""
+    part, _ = support_loss(mode_scores, rho=rho, lambda0=lambda0, floor=floor)
+    total = part.coef * part.value()
+    if question_floor > 0:
+        loss, _ = question_floor_loss(mode_scores, floor=question_floor)
+        total = total + question_weight * loss
+    return total
+
+
 def support_score_cotangent(
     mode_scores: jax.Array,
     *,
     rho: float | jax.Array,
     lambda0: float = 0.002,
     floor: float = 0.05,
+    question_floor: float = 0.0,
+    question_weight: float | jax.Array = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
-    """``(λ·L, d(λ·L)/ds [Q, 3])`` for the two-pass scheme (docs/algorithm.md, "The exact
-    two-pass gradient"): score all chunks without gradients, get the exact cotangent here,
-    then re-run each chunk's scoring under ``jax.vjp`` with its slice of the cotangent and sum
-    the parameter gradients.
+    """``(value, d value/ds [Q, 3])`` of :func:`declaration_objective` for the two-pass scheme
+    (docs/algorithm.md, "The exact two-pass gradient"): score all chunks without gradients,
+    get the exact cotangent here, then re-run each chunk's scoring under ``jax.vjp`` with its
+    slice of the cotangent and sum the parameter gradients.
     """
 
     def weighted(s: jax.Array) -> jax.Array:
-        part, _ = support_loss(s, rho=rho, lambda0=lambda0, floor=floor)
-        return part.coef * part.value()
+        return declaration_objective(s, rho=rho, lambda0=lambda0, floor=floor,
+                                     question_floor=question_floor,
+                                     question_weight=question_weight)
 
     value, grad = jax.value_and_grad(weighted)(mode_scores.astype(jnp.float32))
     return value, grad

@@ -215,13 +215,16 @@ def _worker_metrics(trajs: Sequence[Trajectory],
                    by_domain: Mapping[str, list[int]]) -> dict[str, float]:
     """``workers/share/{worker}``: each worker's share of the batch's calls;
     ``workers/share_by_domain/{DOMAIN}/{worker}``: the same within a domain's rows, so a router
-    that picks its workers by the question shows different shares per domain. Over the workers
-    called anywhere in the batch (0 where a domain's rows called one never); no key without
-    calls."""
+    that picks its workers by the question shows different shares per domain;
+    ``workers/first_by_domain/{DOMAIN}/{worker}``: each worker's share of the domain's rows'
+    first calls (the first choice of every mode). Over the workers called anywhere in the
+    batch (0 where a domain's rows called one never); no key without calls."""
     calls = {"workers/share": [c.worker for t in trajs for c in t.calls]}
     for domain, idx in sorted(by_domain.items()):
         calls[f"workers/share_by_domain/{domain}"] = [
             c.worker for i in idx for c in trajs[i].calls]
+        calls[f"workers/first_by_domain/{domain}"] = [
+            trajs[i].calls[0].worker for i in idx if trajs[i].calls]
     workers = sorted(set(calls["workers/share"]))
     out: dict[str, float] = {}
     for prefix, names in calls.items():

@@ -18,6 +18,7 @@ from jax_routeweaver.rewards.reward import RewardConfig, Rewards, score_batch
 from jax_routeweaver.rl import curriculum
 from jax_routeweaver.rl.dialect import stop_ids
 from jax_routeweaver.rl.pool_check import run_price_table_version
+from jax_routeweaver.rl.support import SupportBatch, support_batch
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
@@ -83,6 +84,26 @@ def env_config(cfg: TrainConfig, eos_id: int | tuple[int, ...]) -> EnvConfig:
                      answer_choices=r.answer_choices, task_text=r.task_text,
                      rulebook=r.rulebook, execution_feedback=r.execution_feedback,
                      offered=tuple(cfg.workers.offered))
+
+
+def declaration_rows(cfg: TrainConfig, tokenizer: Any, records: Sequence[Record], *,
+                     rho: float) -> SupportBatch | None:
+    """The declaration rows of a batch's queries (``selector prompt + <mode>m</mode>`` for
+    each mode, `rl.support.support_batch`), scored by the learner for the minimum-support
+    loss and the per-question mode floor; None when neither has weight this batch (the
+    support loss: ``algo.support`` on and ``support_lambda0 · rho`` > 0; the floor:
+    `curriculum.question_floor_weight` > 0). ``records``: the batch's queries, their
+    ``forced_mode`` as the curriculum planned them."""
+    algo = cfg.algo
+    support = algo.support and algo.exploration.support_lambda0 * rho > 0
+    if not (support or curriculum.question_floor_weight(rho, algo.exploration) > 0):
+        return None
+    selector = [prompts.selector_prompt_ids(tokenizer, r.question) for r in records]
+    return support_batch(selector, mode_declarations(tokenizer),
+                         pad_id=tokenizer.pad_token_id or 0, chunk=algo.loss.support_chunk,
+                         span=algo.mode_score_span, max_prompt=algo.support_max_prompt,
+                         constrained=cfg.rollout.constrained,
+                         forced=[r.forced_mode is not None for r in records])
 
 
 def mode_declarations(tokenizer: Any) -> list[list[int]]:

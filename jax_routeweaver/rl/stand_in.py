@@ -36,11 +36,21 @@ decision state hardly depends on the question, so RL moves every question's mode
   (without it the worker choice, made several hundred tokens after the question, keeps
   the random init's question-blind state, and RL picks one worker for every question).
 
-``L = L_align + mode_weight * L_mode + worker_weight * L_workers``, minimised by AdamW over all
-the router's weights.
+* each mode executed as the simulated pool was designed to reward it (single: one call;
+  multi: three workers and the majority answer; agentic: plan -> execute -> verify ->
+  summarize), by behaviour cloning of ``demonstrations`` protocol-valid episodes whose mode
+  and workers are drawn uniformly at random (`rl.demonstrations`, `rl.cloning`), so the
+  prior says nothing about *which* mode or worker to choose::
+
+      L_bc = - mean over the demonstrations' decision tokens of log π(token | prefix)
+
+``L = L_align + mode_weight * L_mode + worker_weight * L_workers + bc_weight * L_bc``,
+minimised by AdamW over all the router's weights (each step: ``batch_size`` questions and
+``bc_batch`` demonstrations of similar length).
 The result is an HF directory cached under ``cache_dir/<key>/`` where the key hashes the
 architecture, the tokenizer's vocabulary, the question texts, the `StandInConfig` fields, the
-seed and `VERSION`; a later run with the same inputs loads it instead of training.
+seed, `VERSION`, the first question's worker contexts and the first demonstrations' tokens;
+a later run with the same inputs loads it instead of training.
 
 Diagnostics (`stand_in.json`, from held-out questions, with the random init's for
 comparison): ``align`` (mean cosine to the target), ``domain_share`` (share of the decision
@@ -48,7 +58,8 @@ state's variance between domain means; the domains are used here only, never in 
 ``probe`` (nearest-domain-centroid accuracy, centroids from the train split), ``common``
 (|mean h|^2 / mean |h|^2), and the mode distribution (mean, the largest probability any
 question gives one mode, mean entropy over log 3); ``workers`` holds the same for the
-worker-choice states (pooled over the modes) and their worker distribution.
+worker-choice states (pooled over the modes) and their worker distribution; ``bc_nll`` the
+mean negative log-likelihood of the held-out questions' demonstrations' decision tokens.
 """
 
 from __future__ import annotations
@@ -75,16 +86,21 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sentence_encoder import Embedder
+from jax_routeweaver.rl import cloning
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.episode import EnvFactory, Trajectory
 
-VERSION = 2  # bump when the objective changes: old caches are then not reused
+VERSION = 3  # bump when the objective changes: old caches are then not reused
 REPORT_FILE = "stand_in.json"
 # One record -> per mode: (context ids ending just before the first route's worker choice,
 # the offered workers' choice token ids there).
 WorkerContexts = Callable[[Record], Sequence[tuple[Sequence[int], Sequence[int]]]]
 LENGTH_MULTIPLE = 64  # prompts are padded to one length, a multiple of this
+HELD_DEMOS = 100  # demonstrations of held-out questions, for the diagnostics
+FINGERPRINT_DEMOS = 8  # demonstrations that enter the cache key
+# Demonstrated episodes of some questions (`rl.demonstrations.demonstrations` bound to the run).
+Demonstrate = Callable[[Sequence[Record]], list[Trajectory]]
 
 
 def cache_root(configured: str) -> Path:
@@ -236,12 +252,13 @@ def _uniform_kl(logp: jax.Array) -> jax.Array:
 
 
 def objective(model: Qwen3, batch: dict[str, jax.Array], firsts: jax.Array,
-              mode_weight: float, worker_weight: float
+              mode_weight: float, worker_weight: float, bc_weight: float = 0.0
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``L_align + mode_weight * L_mode + worker_weight * L_workers`` over a batch (module
-    doc) and its parts. ``batch``: tokens, mask, last, target and, for the worker terms,
-    w_tokens ``[B, M, L]``, w_mask, w_last ``[B, M]`` and w_choices ``[B, M, W]`` (M worker
-    contexts per question)."""
+    """``L_align + mode_weight * L_mode + worker_weight * L_workers + bc_weight * L_bc``
+    over a batch (module doc) and its parts. ``batch``: tokens, mask, last, target; for the
+    worker terms, w_tokens ``[B, M, L]``, w_mask, w_last ``[B, M]`` and w_choices
+    ``[B, M, W]`` (M worker contexts per question); for cloning, the demonstrations'
+    d_tokens, d_mask, d_index, d_valid (`cloning.Rows.take`)."""
     h = decision_states(model, batch["tokens"], batch["mask"], batch["last"])
     align = _cos_loss(h, batch["target"])
     mode = _uniform_kl(mode_logprobs(model, h, firsts))
@@ -255,6 +272,9 @@ def objective(model: Qwen3, batch: dict[str, jax.Array], firsts: jax.Array,
         parts["worker_align"] = _cos_loss(hw, batch["target"][:, None, :])
         parts["worker"] = _uniform_kl(choice_logprobs(model, hw, batch["w_choices"]))
         total += worker_weight * (parts["worker_align"] + parts["worker"])
+    if "d_tokens" in batch:
+        parts["bc"] = cloning.loss(model, batch)
+        total += bc_weight * parts["bc"]
     return total, parts
 
 
@@ -275,6 +295,10 @@ class Inputs:
     w_mask: np.ndarray | None = None
     w_last: np.ndarray | None = None
     worker_choices: np.ndarray | None = None
+    # The demonstrations (None without them) and which of their rows are trained on / held
+    demos: cloning.Rows | None = None
+    demo_train: np.ndarray | None = None
+    demo_held: np.ndarray | None = None
 
     def batch(self, rows: np.ndarray, rng: np.random.Generator | None = None
               ) -> dict[str, np.ndarray]:
@@ -294,28 +318,53 @@ class Inputs:
         return out
 
 
+def split(n: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(held-out, train) row indices of ``n`` questions, sorted (a seeded permutation)."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_held = round(holdout * n)
+    return np.sort(order[:n_held]), np.sort(order[n_held:])
+
+
+def demo_questions(records: Sequence[Record], settings: Any, seed: int
+                   ) -> tuple[list[Record], list[Record]]:
+    """The questions demonstrated: ``settings.demonstrations`` of the training split (a
+    seeded draw) and up to `HELD_DEMOS` held-out ones, for the diagnostics."""
+    held, train = split(len(records), settings.holdout, seed)
+    pick = np.random.default_rng(seed + 2).permutation(train)[:settings.demonstrations]
+    return [records[i] for i in pick], [records[i] for i in held[:HELD_DEMOS]]
+
+
 def build_inputs(tokenizer: Any, records: Sequence[Record], embeddings: np.ndarray, *,
                  hidden: int, settings: Any, seed: int,
-                 worker_contexts: WorkerContexts | None = None) -> Inputs:
-    """Tokenised decision prompts (and worker-choice contexts), targets and the train /
-    held-out split (seeded)."""
+                 worker_contexts: WorkerContexts | None = None,
+                 demos: tuple[Sequence[Trajectory], Sequence[Trajectory]] | None = None
+                 ) -> Inputs:
+    """Tokenised decision prompts (and worker-choice contexts), targets, the train /
+    held-out split (`split`) and the packed demonstrations (``demos``: those of training
+    questions, those of held-out ones; `demo_questions`)."""
     tokens, mask, last, firsts = decision_inputs(tokenizer, [r.question for r in records])
-    order = np.random.default_rng(seed).permutation(len(records))
-    n_held = round(settings.holdout * len(records))
-    held, train = np.sort(order[:n_held]), np.sort(order[n_held:])
+    held, train = split(len(records), settings.holdout, seed)
     target = targets(embeddings, train, dims=settings.dims, common=settings.common,
                      hidden=hidden, seed=seed)
     domains = np.asarray([str(getattr(r.domain, "value", r.domain)) for r in records])
-    workers = worker_inputs(records, worker_contexts, tokenizer.pad_token_id or 0) \
+    pad = tokenizer.pad_token_id or 0
+    workers = worker_inputs(records, worker_contexts, pad) \
         if worker_contexts is not None else (None, None, None, None)
-    return Inputs(tokens, mask, last, tuple(firsts), target, domains, train, held, *workers)
+    rows = demo_train = demo_held = None
+    if demos is not None and len(demos[0]):
+        rows = cloning.pack([*demos[0], *demos[1]], pad)
+        demo_train = np.arange(len(demos[0]))
+        demo_held = np.arange(len(demos[0]), len(demos[0]) + len(demos[1]))
+    return Inputs(tokens, mask, last, tuple(firsts), target, domains, train, held, *workers,
+                  rows, demo_train, demo_held)
 
 
 def distil(model: Qwen3, inputs: Inputs, settings: Any, *, seed: int
            ) -> tuple[Qwen3, list[dict[str, float]]]:
     """Train ``model`` on the objective for ``settings.steps`` AdamW steps of
-    ``settings.batch_size`` training questions (seeded order). Returns the trained model and
-    the per-step losses."""
+    ``settings.batch_size`` training questions (seeded order) and, with demonstrations,
+    ``settings.bc_batch`` of them (`cloning.length_batches`, seeded). Returns the trained
+    model and the per-step losses."""
     graphdef, params = nnx.split(model, nnx.Param)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(settings.lr, weight_decay=0.0))
     opt_state = tx.init(params)
@@ -326,39 +375,48 @@ def distil(model: Qwen3, inputs: Inputs, settings: Any, *, seed: int
              ) -> tuple[Any, Any, dict[str, jax.Array]]:
         def loss(p: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
             return objective(nnx.merge(graphdef, p), batch, firsts, settings.mode_weight,
-                             settings.worker_weight)
+                             settings.worker_weight, settings.bc_weight)
         (value, parts), grads = jax.value_and_grad(loss, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": value, **parts}
 
     rng = np.random.default_rng(seed + 1)
     batch = min(settings.batch_size, len(inputs.train))
-    history, order = [], np.empty(0, np.int64)
+    history, order, demo_batches = [], np.empty(0, np.int64), []
     for _ in range(settings.steps):
         if len(order) < batch:  # epochs of the training questions in a seeded order
             order = np.concatenate([order, rng.permutation(inputs.train)])
         rows, order = order[:batch], order[batch:]
-        params, opt_state, out = step(params, opt_state, inputs.batch(rows, rng))
+        arrays = inputs.batch(rows, rng)
+        if inputs.demos is not None and inputs.demo_train is not None:
+            if not demo_batches:  # epochs of the demonstrations, batches of similar length
+                demo_batches = cloning.length_batches(inputs.demos, inputs.demo_train,
+                                                      settings.bc_batch, rng)
+            arrays |= inputs.demos.take(demo_batches.pop())
+        params, opt_state, out = step(params, opt_state, arrays)
         history.append({k: float(v) for k, v in out.items()})
     return nnx.merge(graphdef, params), history
 
 
-def _run_states(model: Qwen3, tokens: np.ndarray, mask: np.ndarray, last: np.ndarray,
-                choices: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+@nnx.jit(static_argnames=("temperature",))
+def _states(model: Qwen3, tokens: jax.Array, mask: jax.Array, last: jax.Array,
+            choices: jax.Array, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    h = decision_states(model, tokens, mask, last)
+    return h, choice_logprobs(model, h / temperature, choices)
+
+
+def run_states(model: Qwen3, tokens: np.ndarray, mask: np.ndarray, last: np.ndarray,
+               choices: np.ndarray, chunk: int, *, temperature: float = 1.0
+               ) -> tuple[np.ndarray, np.ndarray]:
     """States ``[N, D]`` at ``last`` and the log-probabilities ``[N, C]`` of the choice
-    tokens ``choices [N, C]`` there, in fixed-size chunks (one compiled shape)."""
-
-    @jax.jit
-    def states(t: jax.Array, m: jax.Array, at: jax.Array, c: jax.Array
-               ) -> tuple[jax.Array, jax.Array]:
-        h = decision_states(model, t, m, at)
-        return h, choice_logprobs(model, h, c)
-
+    tokens ``choices [N, C]`` there (logits divided by ``temperature``), in fixed-size chunks
+    (one compiled shape per architecture and row length)."""
     hs, lps = [], []
     for s in range(0, len(tokens), chunk):
         part = np.arange(s, min(s + chunk, len(tokens)))
         pad = np.concatenate([part, np.repeat(part[-1:], chunk - len(part))])
-        h, lp = states(tokens[pad], mask[pad], last[pad], choices[pad])
+        h, lp = _states(model, tokens[pad], mask[pad], last[pad], choices[pad],
+                        temperature=temperature)
         hs.append(np.asarray(h)[:len(part)])
         lps.append(np.asarray(lp)[:len(part)])
     return np.concatenate(hs), np.concatenate(lps)
@@ -391,14 +449,15 @@ def state_stats(h: np.ndarray, dom: np.ndarray, target: np.ndarray, h_train: np.
 
 def diagnostics(model: Qwen3, inputs: Inputs, *, chunk: int = 64) -> dict[str, Any]:
     """The module doc's diagnostics on the held-out questions (all questions if none held):
-    the mode decision's (``mode_p_*`` / ``mode_entropy`` for its choice), and under
-    ``workers`` the worker choices' pooled over the modes (when the inputs have them)."""
+    the mode decision's (``mode_p_*`` / ``mode_entropy`` for its choice), under ``workers``
+    the worker choices' pooled over the modes, and ``bc_nll`` of the held-out
+    demonstrations (the last two when the inputs have them)."""
     rows = inputs.held if len(inputs.held) else inputs.train
     firsts = np.broadcast_to(np.asarray(inputs.firsts, np.int32), (len(inputs.tokens), 3))
 
     def run(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _run_states(model, inputs.tokens[idx], inputs.mask[idx], inputs.last[idx],
-                           firsts[idx], chunk)
+        return run_states(model, inputs.tokens[idx], inputs.mask[idx], inputs.last[idx],
+                          firsts[idx], chunk)
 
     h, logp = run(rows)
     h_train, _ = run(inputs.train)
@@ -416,9 +475,9 @@ def diagnostics(model: Qwen3, inputs: Inputs, *, chunk: int = 64) -> dict[str, A
             flat = (len(idx) * modes, -1)
             choices = np.broadcast_to(inputs.worker_choices[None],
                                       (len(idx), *inputs.worker_choices.shape))
-            return _run_states(model, inputs.w_tokens[idx].reshape(flat),
-                               inputs.w_mask[idx].reshape(flat),
-                               inputs.w_last[idx].reshape(-1), choices.reshape(flat), chunk)
+            return run_states(model, inputs.w_tokens[idx].reshape(flat),
+                              inputs.w_mask[idx].reshape(flat),
+                              inputs.w_last[idx].reshape(-1), choices.reshape(flat), chunk)
 
         hw, logpw = run_workers(rows)
         hw_train, _ = run_workers(inputs.train)
@@ -426,14 +485,33 @@ def diagnostics(model: Qwen3, inputs: Inputs, *, chunk: int = 64) -> dict[str, A
             hw, np.repeat(inputs.domains[rows], modes),
             np.repeat(inputs.target[rows], modes, axis=0), hw_train,
             np.repeat(inputs.domains[inputs.train], modes), logpw)
+    if inputs.demos is not None and inputs.demo_held is not None and len(inputs.demo_held):
+        out["bc_nll"] = demo_nll(model, inputs.demos, inputs.demo_held)
     return out
 
 
+@nnx.jit
+def _demo_nll(model: Qwen3, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    return cloning.nll(model, batch)
+
+
+def demo_nll(model: Qwen3, demos: cloning.Rows, rows: np.ndarray, chunk: int = 8) -> float:
+    """Mean negative log-likelihood per decision token of the demonstrations ``rows``."""
+    total, count = 0.0, 0.0
+    for batch in cloning.length_batches(demos, rows, chunk, np.random.default_rng(0)):
+        t, c = _demo_nll(model, demos.take(batch))
+        total, count = total + float(t), count + float(c)
+    return total / max(count, 1.0)
+
+
 def cache_key(config: ModelConfig, tokenizer: Any, records: Sequence[Record],
-              settings: Any, seed: int, worker_contexts: WorkerContexts | None = None) -> str:
+              settings: Any, seed: int, worker_contexts: WorkerContexts | None = None,
+              demonstrate: Demonstrate | None = None) -> str:
     """A hex key of everything the stand-in depends on (see the module doc); the worker
     contexts enter through the first question's (the rulebook, catalog and grammar are the
-    same for every question, whose texts are keyed already)."""
+    same for every question, whose texts are keyed already), the demonstrations through
+    those of the first `FINGERPRINT_DEMOS` questions (their tokens follow the environment,
+    the pool's replies and the scripts)."""
     cfg = dataclasses.asdict(config)
     fields = {k: v for k, v in dataclasses.asdict(settings).items() if k != "cache_dir"}
     contexts = None if worker_contexts is None or not records else \
@@ -443,21 +521,27 @@ def cache_key(config: ModelConfig, tokenizer: Any, records: Sequence[Record],
              json.dumps([r.question for r in records]),
              json.dumps(fields, sort_keys=True), str(seed), str(VERSION),
              json.dumps(contexts)]
+    if demonstrate is not None and settings.demonstrations > 0:
+        demos = demonstrate(records[:FINGERPRINT_DEMOS])
+        parts.append(json.dumps([[t.prompt_ids, t.response_ids, t.policy_mask] for t in demos]))
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
 
 
 def ensure_stand_in(config: ModelConfig, build: Callable[[], Qwen3], tokenizer: Any,
                     records: Sequence[Record], settings: Any, *, seed: int,
                     worker_contexts: WorkerContexts | None = None,
+                    demonstrate: Demonstrate | None = None,
                     log: Callable[[str], None] | None = None) -> Path:
     """The cached stand-in's HF directory for the random-init router of architecture
     ``config`` (``build()`` makes that router, called only when the cache misses; the
     stand-in is distilled from it and saved atomically). ``worker_contexts``: the first
-    worker choice's contexts per mode (None: the mode decision only). ``log(str)`` gets
-    progress."""
+    worker choice's contexts per mode (None: the mode decision only). ``demonstrate``:
+    demonstrated episodes of given questions (None, or ``settings.demonstrations`` 0: no
+    cloning). ``log(str)`` gets progress."""
     say = log or (lambda _msg: None)
     root = cache_root(settings.cache_dir)
-    path = root / cache_key(config, tokenizer, records, settings, seed, worker_contexts)
+    path = root / cache_key(config, tokenizer, records, settings, seed, worker_contexts,
+                            demonstrate)
     if (path / REPORT_FILE).is_file():
         say(f"stand-in: reusing {path}")
         return path
@@ -466,8 +550,15 @@ def ensure_stand_in(config: ModelConfig, build: Callable[[], Qwen3], tokenizer: 
     say(f"stand-in: distilling {len(records)} questions' encoder embeddings into the router "
         f"({settings.steps} steps; cached in {path})")
     embeddings = Embedder(cache_dir=root / "embeddings").embed([r.question for r in records])
+    demos = None
+    if demonstrate is not None and settings.demonstrations > 0:
+        train_q, held_q = demo_questions(records, settings, seed)
+        demos = (demonstrate(train_q), demonstrate(held_q))
+        say(f"stand-in: {len(demos[0])} demonstrated episodes to clone "
+            f"({len(demos[1])} held out)")
     inputs = build_inputs(tokenizer, records, embeddings, hidden=model.config.hidden_size,
-                          settings=settings, seed=seed, worker_contexts=worker_contexts)
+                          settings=settings, seed=seed, worker_contexts=worker_contexts,
+                          demos=demos)
     before = diagnostics(model, inputs)
     trained, history = distil(model, inputs, settings, seed=seed)
     after = diagnostics(trained, inputs)
@@ -494,6 +585,9 @@ def ensure_stand_in(config: ModelConfig, build: Callable[[], Qwen3], tokenizer: 
         say(f"stand-in: worker-choice states: common {w0['common']:.3f} -> "
             f"{w1['common']:.3f}, align {w0['align']:.2f} -> {w1['align']:.2f}, worker p max "
             f"{w1['p_max']:.2f}")
+    if "bc_nll" in after:
+        say(f"stand-in: held-out demonstrations' decision tokens: nll {before['bc_nll']:.2f} "
+            f"-> {after['bc_nll']:.2f} nats")
     return path
 
 

@@ -49,12 +49,15 @@ class SupportBatch(NamedTuple):
 
 
 def support_gradient(params: Any, sb: SupportBatch, rho: jax.Array, num_queries: int, *,
-                     chunk_logp: ChunkLogp, lambda0: float, floor: float
+                     chunk_logp: ChunkLogp, lambda0: float, floor: float,
+                     question_floor: float = 0.0, question_weight: float | jax.Array = 0.0
                      ) -> tuple[Any, dict[str, jax.Array]]:
-    """Exact gradient of ``λ0·ρ·L_support`` through chunked teacher-forced scoring
-    (docs/algorithm.md, "The exact two-pass gradient"): forward all chunks, the cotangent
-    of the scores, then one VJP per chunk. Also returns the support loss's metrics and the
-    mode probabilities of the pass (`losses.mode_probability_metrics`)."""
+    """Exact gradient of the declaration terms ``λ0·ρ·L_support + w_q·L_floor``
+    (`losses.declaration_objective`; the floor only with ``question_floor`` > 0) through
+    chunked teacher-forced scoring (docs/algorithm.md, "The exact two-pass gradient"):
+    forward all chunks, the cotangent of the scores, then one VJP per chunk. Also returns
+    the terms' metrics and the mode probabilities of the pass
+    (`losses.mode_probability_metrics`)."""
 
     def chunk_scores(p: Any, chunk: tuple[jax.Array, ...]) -> jax.Array:
         lp, span = chunk_logp(p, chunk)
@@ -71,7 +74,9 @@ def support_gradient(params: Any, sb: SupportBatch, rho: jax.Array, num_queries:
     row_scores, row_first = jax.lax.map(chunk_both, chunks)  # [C, R] each
     scores = scatter_scores(row_scores, sb.query, sb.mode, num_queries)
     first = scatter_scores(row_first, sb.query, sb.mode, num_queries)
-    _, cot = losses.support_score_cotangent(scores, rho=rho, lambda0=lambda0, floor=floor)
+    _, cot = losses.support_score_cotangent(scores, rho=rho, lambda0=lambda0, floor=floor,
+                                            question_floor=question_floor,
+                                            question_weight=question_weight)
     row_cot = jnp.where(sb.query >= 0, cot[jnp.maximum(sb.query, 0), sb.mode], 0.0)
 
     def body(acc: Any, xs: tuple[Any, ...]) -> tuple[Any, None]:
@@ -83,6 +88,9 @@ def support_gradient(params: Any, sb: SupportBatch, rho: jax.Array, num_queries:
     zeros = jax.tree.map(jnp.zeros_like, params)
     grads, _ = jax.lax.scan(body, zeros, (*chunks, row_cot))
     _, metrics = losses.support_loss(scores, rho=rho, lambda0=lambda0, floor=floor)
+    if question_floor > 0:
+        _, floor_metrics = losses.question_floor_loss(scores, floor=question_floor)
+        metrics |= floor_metrics | {"floor/weight": jnp.asarray(question_weight, jnp.float32)}
     forced = jnp.zeros(num_queries, bool) if sb.forced is None else sb.forced
     metrics |= losses.mode_probability_metrics(scores, first, forced)
     return grads, metrics

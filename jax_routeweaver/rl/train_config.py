@@ -34,7 +34,8 @@ class StandInConfig:
     """``model.init: stand-in``: a random-init router (``model.random``) distilled before RL
     into a stand-in for a pretrained one (`rl.stand_in`): its decision state follows a
     sentence encoder's embedding of the question while its three mode declarations stay
-    near uniform, and likewise at each mode's first worker choice. Built once per
+    near uniform, and likewise at each mode's first worker choice; it also clones
+    demonstrated episodes that execute each mode competently. Built once per
     (architecture, tokenizer, questions, these fields) and cached on disk. Not part of the
     paper's method: the paper starts from a pretrained Qwen3, which this machine cannot
     download."""
@@ -50,6 +51,11 @@ class StandInConfig:
     # distribution stays uniform); 0: the mode decision only
     worker_weight: float = bounded(1.0, "[0, inf)")
     holdout: float = bounded(0.2, "[0, 1)")  # share of questions kept for the diagnostics
+    # Behaviour cloning (`rl.demonstrations`): episodes of training questions that execute
+    # each mode as the simulated pool rewards it, modes and workers drawn at random; 0: none
+    demonstrations: int = bounded(1000, "[0, inf)")
+    bc_weight: float = bounded(1.0, "[0, inf)")  # weight of the cloning term
+    bc_batch: int = bounded(8, "[1, inf)")  # demonstrated episodes per step
     # "" = $ROUTEWEAVER_CACHE/stand_in, else ~/.cache/jax_routeweaver/stand_in
     cache_dir: str = ""
 
@@ -381,10 +387,11 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
         fail("rollout.task_text", f"{task!r} must be at most 48 characters without tags or "
              "newlines and not start with a space (a route's task must pass the protocol)")
     default_loss = LossConfig()
-    for name in ("support_lambda0", "support_floor"):
+    for name in ("support_lambda0", "support_floor", "question_floor",
+                 "question_floor_weight"):
         if getattr(cfg.algo.loss, name) != getattr(default_loss, name):
             fail(f"algo.loss.{name}", f"set algo.exploration.{name} instead (the curriculum "
-                 "owns the support schedule λ_b = λ0·ρ_b; the loss takes it from there)")
+                 "owns the declaration terms' schedule; the loss takes it from there)")
     if cfg.model.init not in RANDOM_INITS and cfg.model.random:
         fail("model.random", "only used with model.init: random or stand-in")
     if cfg.model.init != "stand-in" and cfg.model.stand_in != StandInConfig():
@@ -392,6 +399,12 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
     if cfg.model.init == "stand-in" and cfg.rollout.dialect == "router_r1":
         fail("model.init", "stand-in distils the mode decision, which rollout.dialect: "
              "router_r1 does not have")
+    if cfg.model.init == "stand-in" and cfg.model.stand_in.demonstrations > 0 \
+            and not (cfg.rollout.constrained and cfg.rollout.task_text
+                     and cfg.rollout.answer_choices):
+        fail("model.stand_in.demonstrations", f"{cfg.model.stand_in.demonstrations} needs "
+             "finite actions (rollout.constrained: true, a rollout.task_text and "
+             "rollout.answer_choices: true); set it to 0 otherwise")
     if cfg.model.init == "stand-in" and cfg.model.stand_in.worker_weight > 0 \
             and not (cfg.rollout.constrained and cfg.rollout.task_text):
         fail("model.stand_in.worker_weight", f"{cfg.model.stand_in.worker_weight} needs "

@@ -116,13 +116,46 @@ class StepBatch(NamedTuple):
     ref_logp: jax.Array
 
 
+HEAD, TRUNK = "head", "trunk"
+
+
+def param_groups(params: Any) -> Any:
+    """``params`` with each leaf replaced by its optimizer group: `HEAD` for the output head
+    (``lm_head``; the tied ``embed`` when there is none), `TRUNK` for every other weight."""
+    tops = {str(getattr(path[0], "key", "")) for path, _ in
+            jax.tree_util.tree_flatten_with_path(params)[0]}
+    head = "lm_head" if "lm_head" in tops else "embed"
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: HEAD if str(getattr(path[0], "key", "")) == head else TRUNK, params)
+
+
+def scale_groups(factors: dict[str, float]) -> optax.GradientTransformation:
+    """Multiply each update by its `param_groups` group's factor (stateless). After AdamW
+    this equals a per-group learning rate: optax's ``adamw(lr)`` ends in ``-lr · u``, weight
+    decay included. Unlike ``optax.multi_transform``, the optimizer state keeps the plain
+    chain's structure, so the moments' shardings and a saved state do not depend on the
+    factors."""
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        groups = param_groups(updates)
+        return jax.tree.map(lambda u, group: u * factors[group], updates, groups), state
+
+    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """Global-norm clip, then AdamW (docs/algorithm.md, "Optimizer") at ``lr`` with linear
+    warmup over ``warmup_steps``; with ``trunk_lr_scale`` != 1 the trunk's updates are
+    scaled by it (`scale_groups`: the trunk at ``lr · trunk_lr_scale``, the head at ``lr``;
+    the clip still sees the whole gradient)."""
     lr: float | optax.Schedule = cfg.lr
     if cfg.warmup_steps:
         lr = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
     chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
     chain.append(optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                              weight_decay=cfg.weight_decay))
+    if cfg.trunk_lr_scale != 1.0:
+        chain.append(scale_groups({HEAD: 1.0, TRUNK: cfg.trunk_lr_scale}))
     return optax.chain(*chain)
 
 
@@ -353,8 +386,14 @@ class Trainer:
         return (batch, counts, sup, rho), kwargs
 
     def _support_args(self, support, support_rho, num_queries):
-        """The support batch (None when its weight is 0), ``ρ`` and the static kwargs."""
-        with_support = support is not None and self.loss_cfg.support_lambda0 * support_rho > 0
+        """The declaration rows (None when the declaration terms have no weight at this ρ:
+        neither ``λ0·ρ`` nor the per-question floor's ``λ_q·(1 − ρ)``), ``ρ`` and the
+        static kwargs."""
+        cfg = self.loss_cfg
+        weight = cfg.support_lambda0 * support_rho
+        if cfg.question_floor > 0:
+            weight += cfg.question_floor_weight * (1.0 - support_rho)
+        with_support = support is not None and weight > 0
         kwargs = dict(with_support=with_support, num_queries=num_queries if with_support else 0)
         return support if with_support else None, jnp.float32(support_rho), kwargs
 
@@ -480,8 +519,9 @@ class Trainer:
 
     def _support_grad(self, params: Any, sb: SupportBatch, rho: jax.Array, num_queries: int
                       ) -> tuple[Any, dict[str, jax.Array]]:
-        """The support loss's gradient and metrics (`rl.support.support_gradient`), each chunk
-        scored by this policy."""
+        """The declaration terms' gradient and metrics (`rl.support.support_gradient`: the
+        support loss, and the per-question floor when on), each chunk scored by this
+        policy."""
 
         def chunk_logp(p: Any, chunk: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
             tokens, positions, mask, index, span, *options = chunk
@@ -495,9 +535,11 @@ class Trainer:
                 lp = self._policy_logp(p, tokens, positions, mask, index, temperature=1.0)
             return lp, span
 
+        cfg = self.loss_cfg
         return support_gradient(params, sb, rho, num_queries, chunk_logp=chunk_logp,
-                                lambda0=self.loss_cfg.support_lambda0,
-                                floor=self.loss_cfg.support_floor)
+                                lambda0=cfg.support_lambda0, floor=cfg.support_floor,
+                                question_floor=cfg.question_floor,
+                                question_weight=cfg.question_floor_weight * (1.0 - rho))
 
     def _policy_grads(self, params: Any, batch: StepBatch, counts: losses.SegmentCounts,
                       acc: Any) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
