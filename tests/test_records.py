@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_routeweaver.data.record_files import (
+    QuestionLimit,
     ReadStats,
     read_jsonl,
     read_parquet,
@@ -452,3 +453,174 @@ def test_write_parquet_rejects_bad_input_and_leaves_no_file(tmp_path):
     with pytest.raises(RecordError, match=r"column 'extra_info\.index'"):
         write_parquet(path, clash)
     assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- questions that cannot fit
+def _word_limit(calls=None, **changes) -> QuestionLimit:
+    """5 words of at most 8 bytes; lines of 13 x 40 + 1000 bytes."""
+    def count(question: str) -> int:
+        if calls is not None:
+            calls.append(question)
+        return len(question.split())
+    fields = dict(tokens=5, token_bytes=8, count=count, why="test context=9 less the prompt's 4",
+                  other_bytes=1000)
+    fields.update(changes)
+    return QuestionLimit(**fields)
+
+
+def _write_rows(path, records):
+    if path.suffix == ".parquet":
+        write_parquet(path, records)
+    else:
+        write_jsonl(path, records)
+
+
+@pytest.mark.parametrize(("suffix", "where"), [(".jsonl", ("2", "3")),
+                                               (".parquet", ("row 1", "row 2"))])
+def test_a_question_that_cannot_fit_names_file_row_tokens_and_limit(tmp_path, suffix, where):
+    path = tmp_path / f"long{suffix}"
+    records = [make(sample_id="q-0", question="one two three four five"),
+               make(sample_id="q-1", question="one two three four five six"),  # 6 tokens
+               make(sample_id="q-2", question="x" * 41),  # 1 token, but 41 bytes > 5 x 8
+               make(sample_id="q-3", question="fits")]
+    _write_rows(path, records)
+    with pytest.raises(RecordError) as info:
+        read_records(path, limit=_word_limit())
+    assert str(info.value) == (f"{path}:{where[0]}: question has 6 tokens; the router's "
+                               "context fits 5 (test context=9 less the prompt's 4)")
+    stats, calls = ReadStats(), []
+    kept = read_records(path, bad_rows="skip", stats=stats, limit=_word_limit(calls))
+    assert kept == [records[0], records[3]]
+    assert (stats.rows, stats.skipped, stats.too_long) == (4, 2, 2)
+    assert stats.errors[1] == (f"{path}:{where[1]}: question has 41 bytes, more than 5 tokens "
+                               "of at most 8 bytes can hold; the router's context fits 5 "
+                               "(test context=9 less the prompt's 4)")
+    assert "x" * 41 not in calls  # over the byte bound: never tokenized
+    assert stats.skip_note(path) == (f"{path}: skipped 2 bad rows of 4 (2 with a question too "
+                                     f"long for the router's context); first: {stats.errors[0]}")
+    assert read_records(path) == records  # no limit, no check
+    assert ReadStats().skip_note(path) is None
+
+
+def test_a_huge_jsonl_line_is_refused_unparsed_and_never_held_whole(tmp_path, monkeypatch):
+    import tracemalloc
+
+    from jax_routeweaver.data import record_files
+
+    limit = _word_limit()
+    assert limit.line_bytes == 13 * 40 + 1000
+    path = tmp_path / "huge.jsonl"
+    huge = 50 << 20
+    with path.open("w", encoding="utf-8") as out:
+        out.write(json.dumps(make(sample_id="q-0").to_row()) + "\n")
+        out.write('{"x": "')
+        for _ in range(50):
+            out.write("a" * (1 << 20))
+        out.write('"}\n')
+        out.write(json.dumps(make(sample_id="q-1").to_row()) + "\n")
+    size = huge + len('{"x": "') + len('"}')
+    parsed: list[int] = []
+
+    def loads(text, *args, **kwargs):
+        parsed.append(len(text))
+        return json.loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(record_files, "json", type("JsonSpy", (), {
+        "loads": staticmethod(loads), "dumps": staticmethod(json.dumps),
+        "JSONDecodeError": json.JSONDecodeError}))
+    stats = ReadStats()
+    tracemalloc.start()
+    try:
+        kept = read_jsonl(path, bad_rows="skip", stats=stats, limit=limit)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [r.sample_id for r in kept] == ["q-0", "q-1"]  # line 3 read as line 3
+    assert (stats.rows, stats.skipped, stats.too_long) == (3, 1, 1)
+    assert peak < 4 << 20, peak  # the 50 MB line was never held whole
+    assert max(parsed) < limit.line_bytes  # nor parsed
+    with pytest.raises(RecordError) as info:
+        read_records(path, limit=limit)
+    assert str(info.value) == (
+        f"{path}:2: question: the line has {size:,} bytes; a row whose question fits the "
+        "router's context (5 tokens: test context=9 less the prompt's 4) has at most 1,520 "
+        "(13 x 40 bytes of question, escaped as JSON in its payload and prompt, + 1,000 for "
+        "the other fields); not parsed")
+
+
+def test_the_line_bound_is_exact_and_covers_a_last_line_without_newline(tmp_path):
+    limit = _word_limit()
+    row = json.dumps(make().to_row())
+    path = tmp_path / "edge.jsonl"
+    path.write_text(row.ljust(limit.line_bytes) + "\n", encoding="utf-8")  # JSON may pad
+    assert read_jsonl(path, limit=limit) == [make()]
+    path.write_text(row.ljust(limit.line_bytes + 1) + "\n", encoding="utf-8")
+    with pytest.raises(RecordError, match=rf"^{re.escape(str(path))}:1: question: the line "
+                                          r"has 1,521 bytes; .* not parsed$"):
+        read_jsonl(path, limit=limit)
+    path.write_text(f"{row}\n" + row.ljust(limit.line_bytes + 5), encoding="utf-8")
+    stats = ReadStats()
+    assert read_jsonl(path, bad_rows="skip", stats=stats, limit=limit) == [make()]
+    assert stats.errors[0].startswith(f"{path}:2: question: the line has 1,525 bytes; ")
+    # The worst-escaped question that fits (40 control bytes), in its payload and its prompt,
+    # stays under the line bound whichever way the line was written.
+    worst = make(question="\x01" * limit.question_bytes, prompt="Q: " + "\x01" * 40)
+    write_jsonl(path, [worst])
+    assert read_jsonl(path, limit=limit) == [worst]
+    path.write_text(json.dumps(worst.to_row()) + "\n", encoding="utf-8")  # ensure_ascii
+    assert limit.line_bytes - 1000 < path.stat().st_size < limit.line_bytes
+    assert read_jsonl(path, limit=limit) == [worst]
+
+
+def test_a_question_no_tokenizer_reads_is_a_bad_row_under_a_limit(tmp_path):
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text(json.dumps(make(question="a\ud800b").to_row()) + "\n", encoding="utf-8")
+    assert read_jsonl(path)[0].question == "a\ud800b"  # valid JSON, so a valid row
+    with pytest.raises(RecordError) as info:
+        read_jsonl(path, limit=_word_limit())
+    assert str(info.value) == (f"{path}:1: record 'q-1': field 'question': not valid Unicode "
+                               "(surrogates not allowed at character 1)")
+
+
+def test_the_training_loader_counts_the_question_with_the_routers_tokenizer(tmp_path,
+                                                                          monkeypatch):
+    """Through `build_records`: the run's question limit (the quickstart's tokenizer, a
+    random router of 256 positions) lets a question of exactly its tokens through and refuses
+    one token more; the limit is exactly what the selector prompt leaves of the context."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+    from jax_routeweaver.rl import builders
+    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.routing.prompts import selector_prompt_ids
+
+    path = tmp_path / "train.jsonl"
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    cfg = load_train_config(quickstart, [f"data.source={path}", "model.init=random",
+                                         "model.random.max_position_embeddings=256"])
+    tok = build_qwen3_tokenizer()
+    monkeypatch.setattr(builders, "build_qwen3_tokenizer", lambda: tok)  # loaded once
+    limit = builders.question_limit(cfg, tok, *builders.router_context(cfg, tok))
+    prompt = 256 - limit.tokens
+    fits = "a" + " a" * (limit.tokens - 1)
+    over = fits + " a"
+    assert len(selector_prompt_ids(tok, fits)) == 256 < len(selector_prompt_ids(tok, over))
+    records = [make(sample_id="q-fits", question=fits), make(sample_id="q-over", question=over)]
+    write_jsonl(path, records)
+    before = path.read_bytes()
+    with pytest.raises(RecordError) as info:
+        builders.build_records(cfg, Console(file=io.StringIO()))  # counting_tokenizer
+    assert str(info.value) == (
+        f"{path}:2: question has {limit.tokens + 1:,} tokens; the router's context fits "
+        f"{limit.tokens:,} (model.random.max_position_embeddings=256 less the prompt's "
+        f"{prompt})")
+    assert path.read_bytes() == before
+    skip = load_train_config(quickstart, [f"data.source={path}", "model.init=random",
+                                          "model.random.max_position_embeddings=256",
+                                          "data.bad_rows=skip"])
+    shown = io.StringIO()
+    assert builders.build_records(skip, Console(file=shown, width=400), tok) == records[:1]
+    assert f"{path}: skipped 1 bad rows of 2 (1 with a question too long" in shown.getvalue()

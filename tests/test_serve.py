@@ -218,19 +218,81 @@ def test_a_budget_below_every_call_is_refused_naming_max_cost(client, run):
     assert "worst case" in e.value.message
 
 
-def test_a_request_past_its_timeout_ends_with_504_and_the_server_goes_on(client, workers,
-                                                                         options, run):
-    options(request_timeout_s=0.5)
-    workers.delay_s = 2.0
+@pytest.fixture
+def patient_pool(served):
+    """The served pool's per-call budget raised for one test, so a stalled worker call is
+    still in flight when the request ends (the fixture's 1 s would fail it first)."""
+    pool = served.runtime.pool
+    original = pool._total_budget_s
+    pool._total_budget_s = 60.0
+    yield pool
+    pool._total_budget_s = original
+
+
+def metric(served, pattern: str) -> float:
+    text = httpx.get(served.base + "/metrics", headers=_auth()).text
+    found = re.search(rf"^{pattern} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def cancelled_calls_keep_their_worst_case(rec: dict) -> None:
+    """A record of a request that ended with a call in flight: that call was cancelled and
+    is billed at its worst case (the provider may bill it); nothing stays reserved."""
+    cancelled = [c for c in rec["calls"] if c["error"] == "cancelled"]
+    assert cancelled, rec["calls"]
+    for c in cancelled:
+        assert c["cost_usd"] == pytest.approx(c["worst_case_usd"]) and c["cost_usd"] > 0
+        assert c["attempts"] == 1 and not c["usage_known"]
+    assert rec["total_cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in rec["calls"]))
+    assert rec["reserved_usd"] == 0 and rec["mode"] is None
+
+
+def test_a_request_past_its_timeout_ends_with_504_and_keeps_its_record(client, workers,
+                                                                       options, run, served,
+                                                                       patient_pool):
+    options(request_timeout_s=2.0)
+    before = metric(served, r'routeweaver_error_cost_usd_total\{kind="timeout"\}')
+    workers.delay_s = 4.0
     try:
         with pytest.raises(openai.APIStatusError) as e:
             ask(client, run[1][22].question)
     finally:
         workers.delay_s = 0.0
     assert e.value.status_code == 504 and e.value.code == "timeout"
+    rec = e.value.response.json()["routeweaver"]
+    cancelled_calls_keep_their_worst_case(rec)
+    after = metric(served, r'routeweaver_error_cost_usd_total\{kind="timeout"\}')
+    assert after - before == pytest.approx(rec["total_cost_usd"])
     options(request_timeout_s=300.0)
-    time.sleep(2.0)  # the abandoned call's reply arrives and is dropped
+    time.sleep(4.0)  # the abandoned call's reply arrives and is dropped
     assert ask(client, run[1][22].question).choices[0].message.content
+
+
+def test_a_client_that_disconnects_ends_its_request_and_the_record_is_logged(
+        served, workers, run, patient_pool, caplog):
+    """The client gives up after 1.5 s while a worker stalls: the server cancels the
+    request's calls, logs its record and counts its cost."""
+    impatient = openai.OpenAI(base_url=served.url, api_key=TOKEN, max_retries=0, timeout=1.5)
+    before = metric(served, r'routeweaver_errors_total\{kind="client_disconnected"\}')
+    workers.delay_s = 6.0
+    try:
+        with caplog.at_level("WARNING", logger="jax_routeweaver.serving.app"), \
+                pytest.raises(openai.APITimeoutError):
+            ask(impatient, run[1][23].question)
+        deadline = time.time() + 10
+        while metric(served, r'routeweaver_errors_total\{kind="client_disconnected"\}') \
+                == before:
+            assert time.time() < deadline, "the server did not notice the client leave"
+            time.sleep(0.1)
+    finally:
+        workers.delay_s = 0.0
+    logged = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
+    assert len(logged) == 1
+    rec = json.loads(logged[0].split("record ", 1)[1])
+    cancelled_calls_keep_their_worst_case(rec)
+    assert metric(served, r'routeweaver_error_cost_usd_total\{kind="client_disconnected"\}'
+                  ) >= rec["total_cost_usd"] > 0
+    time.sleep(6.0)  # the abandoned call's reply arrives and is dropped
 
 
 # ------------------------------------------------------------------------------ concurrency
@@ -347,17 +409,22 @@ def test_metrics_count_requests_modes_calls_cost_and_errors(client, served, run)
 # ------------------------------------------------------------------------------ worker failures
 # Last of the in-process tests: a failed channel cools down (the pool's retry policy), so a
 # later request routed to it would fail too.
-def test_a_failed_worker_is_replaced_by_its_fallback(client, workers, run):
+def test_a_fallback_outside_the_requests_workers_is_not_called(client, workers, run):
+    """worker_3 falls back to worker_1, but the request allows worker_3 only: worker_1 is
+    never called and the request fails naming both (before: worker_1 was called)."""
+    question = run[1][20].question
     workers.failing = {"sim-3"}
     try:
-        rec = ask(client, run[1][20].question, mode="single", workers=["worker_3"]).routeweaver
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(client, question, mode="single", workers=["worker_3"])
     finally:
         workers.failing = set()
-    failed = [c for c in rec["calls"] if c["worker"] == "worker_3"]
-    replaced = [c for c in rec["calls"] if c["fallback_for"] == "worker_3"]
-    assert failed and not failed[0]["success"]
-    assert replaced and replaced[0]["worker"] == "worker_1" and replaced[0]["success"]
-    assert rec["fallback_calls"] == len(replaced)
+    assert e.value.status_code == 502 and e.value.code == "worker_failed"
+    assert "worker_3" in e.value.message and "worker_1" in e.value.message
+    rec = e.value.response.json()["routeweaver"]
+    assert {c["worker"] for c in rec["calls"]} == {"worker_3"} and rec["fallback_calls"] == 0
+    assert not [b for b in workers.bodies
+                if b["model"] == "sim-1" and question in b["messages"][0]["content"]]
 
 
 def test_a_failed_worker_without_fallback_fails_the_request_with_a_code(client, workers, run):
@@ -372,6 +439,47 @@ def test_a_failed_worker_without_fallback_fails_the_request_with_a_code(client, 
     rec = e.value.response.json()["routeweaver"]  # what was called (and billed) before
     assert [(c["worker"], c["success"]) for c in rec["calls"]] == [("worker_2", False)]
     assert rec["mode"] is None and rec["within_budget"]
+
+
+def test_a_request_out_of_budget_ends_with_402_and_keeps_what_it_billed(client, served,
+                                                                        workers, run,
+                                                                        monkeypatch):
+    """worker_5 replies with no usage: its call is billed at its worst case W, and then
+    nothing fits a budget of 1.5 W. The random-init router always answers, so its answer
+    (and the last reply) is dropped here to reach the ending where nothing is left to pay
+    for one: 402, with the record of what was billed."""
+    from jax_routeweaver.routing import prompts
+    from jax_routeweaver.routing.simulated_http import Fault
+    from jax_routeweaver.serving.budget import BudgetedPool
+    from jax_routeweaver.serving.router import DIRECT_TASK
+
+    question = run[1][24].question
+    service = served.runtime.service
+    payload = prompts.single_multi_payload(question, DIRECT_TASK)
+    w = BudgetedPool(service.pool, service.prices, None).worst_case("worker_5", payload, 4096)
+    answer = service._answer
+
+    async def no_answer(traj, budget, request, max_tokens):
+        traj = dataclasses.replace(traj, answer=None, calls=[])
+        return await answer(traj, budget, request, max_tokens)
+
+    monkeypatch.setattr(service, "_answer", no_answer)
+    workers.script = lambda body, n: Fault(report="none") \
+        if question in body["messages"][0]["content"] else Fault()
+    try:
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(client, question, mode="single", workers=["worker_5"], max_cost=1.5 * w)
+    finally:
+        workers.script = None
+    assert e.value.status_code == 402 and e.value.code == "budget_exhausted"
+    rec = e.value.response.json()["routeweaver"]
+    sent = [c for c in rec["calls"] if not c["refused"]]
+    assert sent and all(c["success"] and not c["usage_known"] for c in sent)
+    assert rec["total_cost_usd"] == pytest.approx(sum(c["worst_case_usd"] for c in sent))
+    assert rec["within_budget"] and rec["total_cost_usd"] <= 1.5 * w
+    assert rec["budget_left_usd"] < w and rec["answer_source"] is None
+    assert metric(served, r'routeweaver_error_cost_usd_total\{kind="budget_exhausted"\}'
+                  ) >= rec["total_cost_usd"]
 
 
 # ------------------------------------------------------------------------------ the command

@@ -165,32 +165,47 @@ def run_one(url: str, *, keyed: bool = False, fake: FrozenTime | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. Implausible usage: cost unknown, never a crash
+# 1. Implausible usage: cost unknown, billed at the attempt's worst case, never a crash
 
 
 def test_huge_usage_on_failure_then_success_leaves_cost_unknown_and_summable(server):
     huge = {"prompt_tokens": 1e308, "completion_tokens": 1e308}
     url = server.script("huge", Raw(500, json.dumps({"error": "x", "usage": huge}).encode()),
                         Raw(body=chat(usage=huge)))
-    call, _ = run_one(url)
+    call, pool = run_one(url)
     assert (call.success, call.text, call.attempts) == (True, "the answer", 2)
     assert (call.usage, call.failed_usage) == (None, None)
     assert usage_unknown(call)
+    # Both attempts billed at their worst case: the same body twice.
+    bound = pool_bound(pool)
+    assert call.bound_usage == Usage(2 * bound.prompt_tokens, 2 * bound.completion_tokens)
     # A batch's cost sum with this call in it: finite, flagged incomplete, no OverflowError.
     good = WorkerCall("worker_1", "p", "a", True, usage=Usage(100, 20))
     summary = trajectory_cost([good, call, good], REFERENCE_PRICES)
     assert (summary.complete, summary.reasons) == (False, (USAGE_UNKNOWN,))
     assert math.isfinite(summary.cost_usd)
-    assert summary.cost_usd == pytest.approx(2 * call_cost(good, REFERENCE_PRICES))
+    assert summary.cost_usd == pytest.approx(2 * call_cost(good, REFERENCE_PRICES)
+                                             + call_cost(call, REFERENCE_PRICES))
 
 
-def test_huge_usage_on_a_failed_call_is_not_billed(server):
+def test_huge_usage_on_a_failed_call_is_billed_at_its_worst_case(server):
     huge = json.dumps({"error": "x", "usage": {"prompt_tokens": 1e308,
                                                "completion_tokens": 1e308}}).encode()
-    call, _ = run_one(server.script("fail", Raw(500, huge)), max_rounds=1)
+    call, pool = run_one(server.script("fail", Raw(500, huge)), max_rounds=1)
     assert (call.success, call.failed_usage, call.usage) == (False, None, None)
+    bound = pool_bound(pool)
+    assert call.bound_usage == Usage(bound.prompt_tokens, bound.completion_tokens)
     summary = trajectory_cost([call], REFERENCE_PRICES)
-    assert (summary.cost_usd, summary.reasons) == (0.0, (USAGE_UNKNOWN,))
+    price = REFERENCE_PRICES["worker_1"]
+    assert summary.reasons == (USAGE_UNKNOWN,)
+    assert summary.cost_usd == pytest.approx((bound.prompt_tokens * price.input_usd_per_m
+                                              + bound.completion_tokens
+                                              * price.output_usd_per_m) / 1e6)
+
+
+def pool_bound(pool: HttpWorkerPool):
+    """The worst case of one attempt of `run_one`'s call."""
+    return pool.usage_bound("worker_1", "What is 2+2?")
 
 
 @pytest.mark.parametrize("usage_json", [

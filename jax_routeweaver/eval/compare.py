@@ -51,7 +51,9 @@ from jax_routeweaver.eval.evaluate import (
     Evaluator,
     build_eval_pool,
     check_run_options,
+    load_router_sets,
     load_sets,
+    resolve_checkpoint,
 )
 from jax_routeweaver.eval.mode_oracle import ModeOracle, mode_oracle, mode_oracle_markdown
 from jax_routeweaver.rl.train_config import TrainConfig
@@ -369,7 +371,7 @@ def run_comparison(cfg: TrainConfig, options: CompareConfig, *,
     baseline_options = options.baseline_options(options.cache or str(out / CACHE_FILE))
     out.mkdir(parents=True, exist_ok=True)
     cache = baseline_options.cache
-    sets = load_sets(options.sets, cfg)
+    sets = load_router_sets(options.sets, cfg, resolve_checkpoint(options.checkpoint), console)
     keys = [(r.dataset, r.sample_id) for _, r in ordered_questions(sets, options.limit)]
     if not keys:
         raise ValueError(f"{out}: nothing to evaluate (empty sets or --limit 0)")

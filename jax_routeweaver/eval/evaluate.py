@@ -21,7 +21,8 @@ latest policy step; its ``config.yaml`` and tokenizer are found from there).
 Sets (`load_sets`): record files (``.jsonl``/``.parquet``, e.g. from ``routeweaver data
 prepare``) or ``synthetic[:N[:SEED]]`` questions for the simulated pool (N default 100, SEED
 default ``data.synthetic_seed + 1``: questions the run did not train on; the domains of
-``data.quotas``).
+``data.quotas``). A record file's bad rows, a question that cannot fit the checkpoint's
+context with its prompt among them (`checkpoint_question_limit`), follow ``data.bad_rows``.
 
 Output directory:
     rows.jsonl        one row per question (schema: `report.ROW_KEYS`, plus ``set``,
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -58,14 +60,28 @@ from rich.progress import (
 )
 
 from jax_routeweaver.config import redact_secrets, to_dict
-from jax_routeweaver.data.record_files import ReadStats, read_records
+from jax_routeweaver.data.record_files import QuestionLimit, ReadStats, read_records
 from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 from jax_routeweaver.eval import report
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.models.tokenizer import load_tokenizer
-from jax_routeweaver.rl.builders import build_pool, build_sampler, build_tokenizer, dialect_for
-from jax_routeweaver.rl.checkpoint import TOKENIZER_DIR, has_tokenizer, list_steps, restore_policy
+from jax_routeweaver.rl.builders import (
+    build_pool,
+    build_sampler,
+    build_tokenizer,
+    counting_tokenizer,
+    dialect_for,
+    hf_context,
+    question_limit,
+)
+from jax_routeweaver.rl.checkpoint import (
+    TOKENIZER_DIR,
+    PolicyCheckpointer,
+    has_tokenizer,
+    list_steps,
+    restore_policy,
+)
 from jax_routeweaver.rl.loop import CONFIG_FILE
 from jax_routeweaver.rl.pool_check import check_run_pool
 from jax_routeweaver.rl.train_config import TrainConfig
@@ -236,6 +252,22 @@ def load_router_tokenizer(cfg: TrainConfig, ckpt: RouterCheckpoint, records: lis
     return build_tokenizer(cfg, records, pool)
 
 
+def checkpoint_question_limit(cfg: TrainConfig, ckpt: RouterCheckpoint) -> QuestionLimit:
+    """The bound on an evaluation question for the checkpoint's router
+    (`rl.builders.question_limit`): its positions (the max_position_embeddings of its
+    config.json, or of the model config stored with its policy step) and its tokenizer (the
+    one stored with it, else the config's; the full Qwen3 one for "qwen3-pruned")."""
+    tokenizer = load_tokenizer(ckpt.tokenizer_dir) if ckpt.tokenizer_dir is not None \
+        else counting_tokenizer(cfg)
+    if ckpt.kind == "hf":
+        context, source = hf_context(ckpt.path)
+    else:
+        with PolicyCheckpointer(ckpt.path, read_only=True) as stored:
+            context = stored.read_config(ckpt.step).max_position_embeddings
+        source = f"max_position_embeddings={context} of {ckpt.path} step {ckpt.step}"
+    return question_limit(cfg, tokenizer, context, source)
+
+
 def checkpoint_config(checkpoint: str | os.PathLike[str], config: str | os.PathLike[str] | None,
                       flag: str = "--config") -> Path:
     """`config`, else the training config of the run `checkpoint` belongs to (ValueError
@@ -290,15 +322,24 @@ class EvalSet:
     records: tuple[Record, ...]
 
 
+def is_synthetic_set(spec: str) -> bool:
+    """`spec` names synthetic questions (``synthetic[:N[:SEED]]``), not a record file."""
+    return spec == SYNTHETIC or spec.startswith(SYNTHETIC + ":")
+
+
 def load_sets(specs: Sequence[str], cfg: TrainConfig, *,
-              synthetic_seed: int | None = None) -> list[EvalSet]:
+              synthetic_seed: int | None = None, limit: QuestionLimit | None = None,
+              console: Console | None = None) -> list[EvalSet]:
     """The evaluation sets; ValueError if a question (dataset + sample_id) appears twice.
-    `synthetic_seed`: SEED of a ``synthetic[:N]`` spec without one (default
-    ``data.synthetic_seed + 1``, questions the run did not train on)."""
+    `synthetic_seed`: SEED of a ``synthetic[:N[:SEED]]`` spec without one (default
+    ``data.synthetic_seed + 1``, questions the run did not train on). Record files are read
+    under ``data.bad_rows`` (RecordError naming the file and line or row), a row whose
+    question is over `limit` (the router's, `checkpoint_question_limit`) counting as bad; what
+    ``skip`` dropped is printed to `console`."""
     default_seed = cfg.data.synthetic_seed + 1 if synthetic_seed is None else synthetic_seed
     sets: list[EvalSet] = []
     for spec in specs:
-        if spec == SYNTHETIC or spec.startswith(SYNTHETIC + ":"):
+        if is_synthetic_set(spec):
             parts = spec.split(":")[1:]
             try:
                 values = [int(p) for p in parts]
@@ -318,7 +359,10 @@ def load_sets(specs: Sequence[str], cfg: TrainConfig, *,
         if not path.is_file():
             raise FileNotFoundError(f"set {spec!r}: not a record file, nor synthetic[:N[:SEED]]")
         stats = ReadStats()
-        records = read_records(path, bad_rows=cfg.data.bad_rows, stats=stats)
+        records = read_records(path, bad_rows=cfg.data.bad_rows, stats=stats, limit=limit)
+        note = stats.skip_note(path)
+        if note is not None and console is not None:
+            console.print(f"[yellow]{escape(note)}[/]")
         name = path.name.removesuffix(".jsonl").removesuffix(".parquet")
         sets.append(EvalSet(name, tuple(records)))
     owner: dict[tuple[str, str], str] = {}
@@ -330,6 +374,15 @@ def load_sets(specs: Sequence[str], cfg: TrainConfig, *,
                                  f"{owner[key]!r} and {s.name!r}; evaluate each question once")
             owner[key] = s.name
     return sets
+
+
+def load_router_sets(specs: Sequence[str], cfg: TrainConfig, ckpt: RouterCheckpoint,
+                     console: Console | None = None) -> list[EvalSet]:
+    """`load_sets` for the checkpoint's router: a record file's questions must fit its
+    context (`checkpoint_question_limit`, only built when a set is a record file)."""
+    limit = None if all(is_synthetic_set(s) for s in specs) \
+        else checkpoint_question_limit(cfg, ckpt)
+    return load_sets(specs, cfg, limit=limit, console=console)
 
 
 # ------------------------------------------------------------------------------ workers
@@ -511,7 +564,8 @@ class Evaluator:
             check_run_pool(cfg, network=base.replay != "replay")
         self.cfg, self.base, self.console = cfg, base, console or Console()
         self.ckpt = resolve_checkpoint(base.checkpoint)
-        self.sets = list(eval_sets) if eval_sets is not None else load_sets(base.sets, cfg)
+        self.sets = list(eval_sets) if eval_sets is not None \
+            else load_router_sets(base.sets, cfg, self.ckpt, self.console)
         self.records = [r for s in self.sets for r in s.records]
         self.batch_size = base.batch_size or cfg.data.batch_size * cfg.data.group_size
         self.cache = base.cache or str(Path(base.out_dir) / CACHE_FILE)

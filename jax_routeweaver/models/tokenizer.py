@@ -42,6 +42,7 @@ __all__ = [
     "QWEN3_VOCAB_SIZE",
     "build_qwen3_tokenizer",
     "load_tokenizer",
+    "longest_token_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -383,6 +384,25 @@ def _build_fast_tokenizer(vocab_file: Path) -> PreTrainedTokenizerFast:
     if len(tokenizer) != QWEN3_VOCAB_SIZE:
         raise RuntimeError(f"built Qwen3 tokenizer has {len(tokenizer)} tokens, not 151669")
     return tokenizer
+
+
+def longest_token_bytes(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most UTF-8 bytes one token of `tokenizer` stands for (at least 1), so that a text
+    of more than ``n * longest_token_bytes`` bytes has more than ``n`` tokens.
+
+    A byte-level BPE token (the Qwen tokenizers) stands for one byte per character of its
+    vocabulary string, exactly; an added token, or any token of another kind of tokenizer, is
+    taken at the UTF-8 length of its vocabulary string, an upper bound for the usual markers
+    (SentencePiece's ``▁`` is 3 bytes for 1, a ``<0xE9>`` byte token 6 for 1). Assumes the
+    tokenizer does not shrink text before splitting it beyond that (NFC composition does not
+    come close). Qwen3: 128.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    byte_level = isinstance(getattr(backend, "decoder", None), decoders.ByteLevel)
+    added = set(tokenizer.get_added_vocab())
+    return max(1, max((len(token) if byte_level and token not in added
+                       else len(token.encode("utf-8"))
+                       for token in tokenizer.get_vocab()), default=1))
 
 
 # ------------------------------------------------------------------------------ pruning

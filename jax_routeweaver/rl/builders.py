@@ -6,14 +6,16 @@ benchmarks build the same parts the same way through these functions.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from flax import nnx
 from rich.console import Console
+from rich.markup import escape
 
-from jax_routeweaver.data.record_files import ReadStats, read_records
+from jax_routeweaver.data.record_files import QuestionLimit, ReadStats, read_records
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import load_hf
@@ -22,16 +24,17 @@ from jax_routeweaver.models.sharding import SAMPLE_RULES, create_sharded
 from jax_routeweaver.models.tokenizer import (
     build_qwen3_tokenizer,
     load_tokenizer,
+    longest_token_bytes,
     prune_tokenizer,
 )
 from jax_routeweaver.rl import stand_in
-from jax_routeweaver.rl.checkpoint import restore_policy
+from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, restore_policy
 from jax_routeweaver.rl.demonstrations import demonstrations
 from jax_routeweaver.rl.dialect import Dialect
 from jax_routeweaver.rl.pool_check import check_run_pool
 from jax_routeweaver.rl.router_r1_run import RouterR1Dialect
 from jax_routeweaver.rl.routeweaver_run import RouteWeaverDialect, env_config
-from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.rl.train_config import RANDOM_INITS, TrainConfig
 from jax_routeweaver.rl.trainer import Trainer
 from jax_routeweaver.routing.channels import load_channels
 from jax_routeweaver.routing.episode import Trajectory
@@ -169,17 +172,96 @@ def build_sampler(cfg: TrainConfig, model: Qwen3, tokenizer: Any, mesh: Any, row
                       device_choices=r.device_choices, kv_cache=r.kv_cache, paged=r.paged)
 
 
-def build_records(cfg: TrainConfig, console: Console) -> list[Record]:
+def build_records(cfg: TrainConfig, console: Console, tokenizer: Any = None) -> list[Record]:
+    """The run's questions: ``data.source``'s synthetic tasks, or its record file read under
+    ``data.bad_rows`` (`data.record_files.read_records`), a row whose question cannot fit the
+    initial router's context (`router_context`, `question_limit`) included; what ``skip``
+    dropped is printed to `console`. `tokenizer`: what counts a question's tokens (default
+    `counting_tokenizer`). RecordError (one line naming the file and line or row) for a bad
+    row under ``error``."""
     d = cfg.data
     if d.source == "synthetic":
         return synthetic_tasks(d.synthetic_queries, seed=d.synthetic_seed,
                                levels=d.synthetic_levels)
+    tokenizer = counting_tokenizer(cfg) if tokenizer is None else tokenizer
+    limit = question_limit(cfg, tokenizer, *router_context(cfg, tokenizer))
     stats = ReadStats()
-    records = read_records(d.source, bad_rows=d.bad_rows, stats=stats)
-    if stats.skipped:
-        console.print(f"[yellow]{d.source}: skipped {stats.skipped} bad rows of {stats.rows}; "
-                      f"first: {stats.errors[:1]}[/]")
+    records = read_records(d.source, bad_rows=d.bad_rows, stats=stats, limit=limit)
+    note = stats.skip_note(d.source)
+    if note is not None:
+        console.print(f"[yellow]{escape(note)}[/]")
     return records
+
+
+def counting_tokenizer(cfg: TrainConfig) -> Any:
+    """The tokenizer that counts a question's tokens before the run's own is built (which,
+    pruned, needs the records): ``model.tokenizer``'s, the full Qwen3 one for "qwen3-pruned"
+    (whose ids on the run's text map one to one onto the full one's)."""
+    if cfg.model.tokenizer in ("qwen3", "qwen3-pruned"):
+        return build_qwen3_tokenizer()
+    return load_tokenizer(cfg.model.tokenizer)
+
+
+def hf_context(directory: Path, what: str = "") -> tuple[int, str]:
+    """(max_position_embeddings of the Hugging Face checkpoint `directory`, where it comes
+    from); 40960 when its config.json does not say, as `ModelConfig.from_hf` reads it.
+    FileNotFoundError (starting with `what`, e.g. "model.path: ") without a config.json."""
+    config = directory / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{what}{directory} is not a Hugging Face checkpoint "
+                                "directory (no config.json)")
+    positions = int(json.loads(config.read_text(encoding="utf-8"))
+                    .get("max_position_embeddings", 40960))
+    return positions, f"max_position_embeddings={positions} of {config}"
+
+
+def router_context(cfg: TrainConfig, tokenizer: Any) -> tuple[int, str]:
+    """(the positions of the run's initial router, ``model.init``, and where that number
+    comes from, for errors): ``model.random.max_position_embeddings`` for "random" and
+    "stand-in" (the stand-in keeps the random router's architecture), the checkpoint's
+    config.json for "hf" and a Hugging Face directory, the stored model config of an orbax
+    policy checkpoint."""
+    m = cfg.model
+    if m.init in RANDOM_INITS:
+        positions = random_config(cfg, tokenizer).max_position_embeddings
+        return positions, f"model.random.max_position_embeddings={positions}"
+    if m.init == "hf":
+        return hf_context(Path(m.path), "model.path: ")
+    path = Path(m.init)
+    if (path / "config.json").is_file():
+        return hf_context(path)
+    with PolicyCheckpointer(path, read_only=True) as ckpt:
+        positions = ckpt.read_config().max_position_embeddings
+    return positions, f"max_position_embeddings={positions} of checkpoint {path}"
+
+
+def question_limit(cfg: TrainConfig, tokenizer: Any, context: int, source: str
+                   ) -> QuestionLimit:
+    """The bound a record's question must meet (`data.record_files.QuestionLimit`) for a
+    router of `context` positions that reads `tokenizer`'s tokens: the question's tokens
+    (`tokenizer`, no special tokens added) plus those of the run dialect's first prompt around
+    it (`Dialect.prompt_ids`: the selector prompt, or Router-R1's chat prompt before its
+    ``start_max_tokens`` cut) at most `context`. No room is set aside for the router's reply
+    (``rollout.max_new_tokens``) or later turns: the bound says the question can be read at
+    all, not that an episode on it has room to finish. `source` says where `context` comes
+    from (errors read ``... fits N (<source> less the prompt's P)``); JSONL lines may hold
+    ``data.line_allowance_mb`` besides the question. ValueError when the prompt alone does not
+    fit."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # no "sequence longer than the model" warning from transformers
+        def count(text: str) -> int:
+            return len(backend.encode(text, add_special_tokens=False).ids)
+    else:
+        def count(text: str) -> int:
+            return len(tokenizer.encode(text, add_special_tokens=False))
+    probe = "?"  # a question both dialects render as is
+    prompt = len(dialect_for(cfg).prompt_ids(tokenizer, probe)) - count(probe)
+    if context - prompt < 1:
+        raise ValueError(f"{source}: the router's context cannot hold its first prompt "
+                         f"({prompt} tokens before the question)")
+    return QuestionLimit(tokens=context - prompt, token_bytes=longest_token_bytes(tokenizer),
+                         count=count, why=f"{source} less the prompt's {prompt}",
+                         other_bytes=round(cfg.data.line_allowance_mb * 2**20))
 
 
 def build_pool(cfg: TrainConfig, records: list[Record], *, check: bool = True) -> Any:

@@ -44,6 +44,11 @@ class Dialect(Protocol):
         """Build the environment factory and the scorer for this tokenizer and pool."""
         ...
 
+    def prompt_ids(self, tokenizer: Any, question: str) -> list[int]:
+        """The router's first prompt for `question` in full (no truncation): what a question
+        must fit the router's context with (`rl.builders.question_limit`)."""
+        ...
+
     def plan(self, batch: QueryBatch) -> list[Record]:
         """The batch's records as its episodes run them (with any forced modes)."""
         ...

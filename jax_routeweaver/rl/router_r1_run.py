@@ -186,6 +186,13 @@ class RouterR1Dialect:
             self.cfg.reward.router_r1, workers,
             lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
 
+    def prompt_ids(self, tokenizer: Any, question: str) -> list[int]:
+        """Router-R1's chat prompt (`routing.router_r1.render_chat_prompt`), before the
+        episode keeps its last ``rollout.router_r1.start_max_tokens``."""
+        text = r1.render_chat_prompt(question, tokenizer,
+                                     variant=self.cfg.rollout.router_r1.prompt_variant)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
     def plan(self, batch: QueryBatch) -> list[Record]:
         return list(batch.records)  # no modes to force
 

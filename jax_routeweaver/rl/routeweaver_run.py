@@ -134,6 +134,10 @@ class RouteWeaverDialect:
         self.make_env = routeweaver_envs(tokenizer, pool, env_config(self.cfg, eos_id))
         self.reward_cfg = reward_config(self.cfg)
 
+    def prompt_ids(self, tokenizer: Any, question: str) -> list[int]:
+        """The selector prompt (`routing.prompts.selector_prompt_ids`)."""
+        return prompts.selector_prompt_ids(tokenizer, question)
+
     def plan(self, batch: QueryBatch) -> list[Record]:
         """The curriculum's forced modes on this batch's queries (records that carry a
         forced mode of their own keep it)."""

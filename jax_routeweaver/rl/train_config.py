@@ -108,7 +108,14 @@ class DataConfig:
     """Queries. ``source``: "synthetic" (``synthetic_tasks`` for the five domains) or a
     ``.jsonl``/``.parquet`` file of records. ``synthetic_levels``: the difficulty cycle of
     synthetic tasks. ``quotas``: per-batch domain counts (sum = ``batch_size``; empty =
-    plain sequential batches). ``group_size``: K rollouts."""
+    plain sequential batches). ``group_size``: K rollouts. ``bad_rows``: what a record file's
+    bad row does, one that is malformed or whose question cannot fit the router's context
+    (its tokens, plus the dialect's first prompt around it, over the router's
+    max_position_embeddings; `rl.builders.question_limit`): "error" stops with one line naming
+    the file and line (JSONL, 1-based) or row (parquet, 0-based), "skip" drops and counts it.
+    ``line_allowance_mb``: what a JSONL line may hold besides its question (gold answers,
+    meta, code tests); a line longer than the longest question that fits (as escaped JSON)
+    plus this is refused before it is parsed."""
 
     source: str = "synthetic"  # "synthetic" or a .jsonl / .parquet file of records
     synthetic_queries: int = bounded(3200, "[1, inf)")  # queries generated
@@ -121,7 +128,11 @@ class DataConfig:
         {"MATH": 7, "CODE": 7, "KNOWLEDGE": 7, "REASON": 6, "RECALL": 5}, "[0, inf)")
     shuffle: bool = False  # shuffle the records (each epoch anew) instead of file order
     seed: int = bounded(42, _SEED)  # shuffle seed
-    bad_rows: Literal["error", "skip"] = "error"  # a malformed record: stop, or drop and count
+    # a malformed record, or one whose question cannot fit the router's context: stop, or
+    # drop and count (above)
+    bad_rows: Literal["error", "skip"] = "error"
+    # MiB a JSONL line may hold besides its question (above)
+    line_allowance_mb: float = bounded(64.0, "[0, inf)")
     # when an epoch's full batches are used up, start the next one (else the records must
     # fill `steps` batches)
     repeat: bool = False

@@ -32,7 +32,12 @@ class WorkerCall:
     `worker`: anonymous id (`worker_K`). `prompt`: the user-message payload sent. `text`: the
     reply's `message.content` stripped ("" on failure). `usage`: of the successful attempt
     (None if the server reported none, or an implausible one: the cost is then unknown).
-    `failed_usage`: usage reported by failed attempts, billed too. `role` / `node`: agentic
+    `failed_usage`: usage reported by failed attempts, billed too. `bound_usage`: the
+    attempts whose bill cannot be known (a request that timed out after it was sent, a reply
+    reporting no usage or an implausible one), each at its worst case (the most tokens it
+    can be billed for, `http_replies.UsageLimits`), billed at that bound (None: every sent
+    attempt's bill is known; a pool that cannot bound its attempts leaves it None). `role` /
+    `node`: agentic
     role and node id (None in single/multi), filled in by the episode runner. `error`: why
     the call failed, or a note on a successful but empty reply (`final_content_missing`);
     never contains secrets.
@@ -44,12 +49,31 @@ class WorkerCall:
     success: bool
     usage: Usage | None = None
     failed_usage: Usage | None = None
+    bound_usage: Usage | None = None
     latency_s: float = 0.0
     attempts: int = 1
     error: str | None = None
     reasoning_chars: int = 0
     role: str | None = None
     node: str | None = None
+
+
+# Why a call (or an attempt of one) was not sent: its worst case did not fit the budget.
+OVER_BUDGET = "over_budget"
+
+
+class AttemptMeter(Protocol):
+    """Meters one call's attempts against a budget (`serving.budget.BudgetedPool`).
+
+    The pool calls `reserve` with an attempt's worst case (the most tokens it can be billed
+    for) before sending it: False, and the attempt is not sent (the call ends, failed with
+    `OVER_BUDGET`). Once the attempt has ended, even by cancellation, it calls `settle` with
+    the same worst case and what the attempt is known to have billed (None: not known, so the
+    worst case stands)."""
+
+    def reserve(self, worker: str, worst: Usage) -> bool: ...
+
+    def settle(self, worker: str, worst: Usage, billed: Usage | None) -> None: ...
 
 
 @runtime_checkable

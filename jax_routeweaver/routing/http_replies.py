@@ -11,8 +11,10 @@ Worker replies are untrusted input:
   of the JSON request body plus `PROMPT_TEMPLATE_TOKENS` (1024): a tokenizer never needs more
   than one token per byte of text, plus the chat template's own tokens. Cached tokens are
   clamped to [0, prompt_tokens] (reference). Implausible usage on a failed attempt is dropped
-  like absent usage; a later success is billed on its own (plausible) usage, as when a
-  timed-out attempt reported nothing.
+  like absent usage; a later success is billed on its own (plausible) usage. An attempt
+  whose usage is not known (absent, implausible, or a request that timed out after it was
+  sent) is billed at its worst case (`Attempt.bill`); one that never reached the worker
+  (the connection was refused) is free.
 - `message.content: null` is a valid empty reply only when the message carries reasoning
   (`final_content_missing`) or `tool_calls`; otherwise it is an unparseable 200 (retried as
   `workers.py` describes). An empty string `""` stays a successful empty reply.
@@ -64,6 +66,21 @@ class Attempt:
     reasoning_chars: int = 0
     failed_usage: Usage | None = None
     retry_after_s: float | None = None
+    # False: the request never reached the worker (no connection), so nothing was billed.
+    delivered: bool = True
+
+    def bill(self) -> Usage | None:
+        """The usage this attempt is known to be billed, or None when it is not known (it
+        is then billed at its worst case, `UsageLimits`): a success's usage, a failure's
+        reported usage, nothing for a request that never reached the worker."""
+        if not self.delivered:
+            return Usage(0, 0)
+        if self.kind != "ok":
+            return self.failed_usage
+        # A reply always has a prompt: 0/0 is usage not reported.
+        known = self.usage is not None and (self.usage.prompt_tokens
+                                            or self.usage.completion_tokens)
+        return self.usage if known else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +93,10 @@ class UsageLimits:
     @classmethod
     def for_body(cls, body: Mapping[str, Any]) -> UsageLimits:
         return cls(len(json.dumps(body)) + PROMPT_TEMPLATE_TOKENS, body["max_tokens"])
+
+    def as_usage(self) -> Usage:
+        """The worst case as the usage it bills."""
+        return Usage(self.prompt_tokens, self.completion_tokens)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,14 +9,20 @@ REFERENCE_PRICES. A worker without a price is never billed as free: `verify_pool
 cost-incomplete.
 
     C_call = (input × in + output × out) / 1e6
-             input  = usage.prompt_tokens     + failed_usage.prompt_tokens
-             output = usage.completion_tokens + failed_usage.completion_tokens
+             input  = usage.prompt_tokens + failed_usage.prompt_tokens + bound_usage.prompt_tokens
+             output = the same sum of completion_tokens
     C      = Σ C_call over every worker call of the trajectory (router tokens are not costed)
     S_cost = 1 / (1 + C / C_ref)                                  ∈ (0, 1], 0.5 at C = C_ref
 
-Cached input is part of `prompt_tokens` and billed at the normal input price (never added
-again); reasoning tokens are already inside `completion_tokens`. Missing usage is never
-silently zero: it marks the trajectory cost-incomplete.
+Every attempt a worker may bill is counted once, by one rule, in training, evaluation and
+serving alike: at the usage it reported when that is plausible, else at its worst case (a
+request that timed out after it was sent, a reply with no or implausible usage:
+`WorkerCall.bound_usage`); an attempt that never reached the worker (connection refused) is
+free. So C is never below what the workers can bill. Cached input is part of
+`prompt_tokens` and billed at the normal input price (never added again); reasoning tokens
+are already inside `completion_tokens`. Missing usage is never silently zero: it marks the
+trajectory cost-incomplete (S_cost is then not used), and where the pool bounds it the cost
+carries that bound.
 """
 
 from __future__ import annotations
@@ -87,9 +93,10 @@ class CostSummary:
 
 
 def billable_tokens(call: WorkerCall) -> tuple[int, int]:
-    """(input, output) tokens billed for one call: its successful and failed attempts."""
+    """(input, output) tokens billed for one call, at most: its successful and failed
+    attempts' reported usage and the worst case of those whose usage is unknown."""
     total = Usage(0, 0)
-    for usage in (call.usage, call.failed_usage):
+    for usage in (call.usage, call.failed_usage, call.bound_usage):
         if usage is not None:
             total = total + usage
     return total.prompt_tokens, total.completion_tokens
@@ -98,23 +105,33 @@ def billable_tokens(call: WorkerCall) -> tuple[int, int]:
 def usage_unknown(call: WorkerCall) -> bool:
     """True if the call's cost cannot be known from its record.
 
-    A successful reply without usage (None, or 0/0: a reply always has a prompt) is unknown even
-    if failed attempts reported some; a failed call is unknown only if no attempt reported usage
-    (a timed-out request may still have been billed).
+    An attempt billed at its worst case (`bound_usage`) is unknown. So is a successful reply
+    without usage (None, or 0/0: a reply always has a prompt) even if failed attempts
+    reported some; a failed call is unknown only if no attempt reported usage (a timed-out
+    request may still have been billed).
     """
+    if call.bound_usage is not None:
+        return True
     if call.success:
         usage = call.usage
         return usage is None or (usage.prompt_tokens == 0 and usage.completion_tokens == 0)
     return call.usage is None and call.failed_usage is None
 
 
-def call_cost(call: WorkerCall, prices: Prices) -> float:
-    """C_call in USD for the tokens the record reports; raises PricingError if unpriced."""
-    price = prices.get(call.worker)
+def tokens_cost(worker: str, input_tokens: int, output_tokens: int, prices: Prices) -> float:
+    """USD for `input_tokens` / `output_tokens` of `worker` (module docstring's C_call);
+    raises PricingError if unpriced. The one price rule: a call, an attempt and a worst case
+    are all billed by it."""
+    price = prices.get(worker)
     if price is None:
-        raise PricingError(f"no price for worker {call.worker!r} (priced: {sorted(prices)})")
-    input_tokens, output_tokens = billable_tokens(call)
+        raise PricingError(f"no price for worker {worker!r} (priced: {sorted(prices)})")
     return (input_tokens * price.input_usd_per_m + output_tokens * price.output_usd_per_m) / 1e6
+
+
+def call_cost(call: WorkerCall, prices: Prices) -> float:
+    """C_call in USD for the tokens the record bills (`billable_tokens`); raises
+    PricingError if unpriced."""
+    return tokens_cost(call.worker, *billable_tokens(call), prices)
 
 
 def trajectory_cost(calls: Iterable[WorkerCall], prices: Prices) -> CostSummary:

@@ -26,7 +26,8 @@ Cache file: JSON Lines, append-only, human-readable. Line 1 is a header
     {"key": "<sha256>", "worker": "worker_3", "backend": {...}, "sampling": {...},
      "payload": "<the exact text sent>", "reply": {"text": ..., "success": ..., "error": ...,
      "usage": {"prompt_tokens", "completion_tokens", "cached_tokens"} | null,
-     "failed_usage": ... | null, "latency_s": ..., "attempts": ..., "reasoning_chars": ...},
+     "failed_usage": ... | null, "bound_usage": ... | null, "latency_s": ...,
+     "attempts": ..., "reasoning_chars": ...},
      "recorded_at": "<UTC ISO time>"}
 
 Each entry is written with one `write` and fsynced, so a crash loses at most the entry being
@@ -180,14 +181,15 @@ def reply_json(call: WorkerCall) -> dict[str, Any]:
     """What the cache keeps of a call (role and node are the episode's, not the reply's)."""
     return {"text": call.text, "success": call.success, "error": call.error,
             "usage": _usage_json(call.usage), "failed_usage": _usage_json(call.failed_usage),
-            "latency_s": call.latency_s, "attempts": call.attempts,
-            "reasoning_chars": call.reasoning_chars}
+            "bound_usage": _usage_json(call.bound_usage), "latency_s": call.latency_s,
+            "attempts": call.attempts, "reasoning_chars": call.reasoning_chars}
 
 
 def call_from_reply(worker: str, prompt: str, reply: Mapping[str, Any]) -> WorkerCall:
     return WorkerCall(worker=worker, prompt=prompt, text=reply["text"],
                       success=bool(reply["success"]), usage=_usage(reply.get("usage")),
                       failed_usage=_usage(reply.get("failed_usage")),
+                      bound_usage=_usage(reply.get("bound_usage")),
                       latency_s=float(reply.get("latency_s", 0.0)),
                       attempts=int(reply.get("attempts", 1)), error=reply.get("error"),
                       reasoning_chars=int(reply.get("reasoning_chars", 0)))

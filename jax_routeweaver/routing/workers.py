@@ -16,6 +16,13 @@ single-key behaviour). An unparseable 200 ends the round. Between rounds the cal
 retry, later calls refused); any other status (402, 404, ...) gives up. A failed call is
 `success=False` with empty text, never an exception: the trajectory is flagged infra.
 
+Billing, per attempt: every attempt sent is billed at the usage it reported when that is
+plausible, else at its worst case (`http_replies.UsageLimits`: a timeout after the request
+was sent, a reply without usage); one that never reached the worker is free. The worst
+cases go to `WorkerCall.bound_usage`. A call given an `AttemptMeter` (a request's budget)
+asks it before each attempt, retries included, and settles each attempt with it: an attempt
+that does not fit is not sent and the call fails with `over_budget`.
+
 Retry-After: a 429 or 503 that carries `Retry-After` (delay-seconds, or an HTTP-date measured
 against the reply's own `Date`, else the local wall clock) sets that channel's cooldown to it,
 clamped to `RETRY_AFTER_MAX_S` (120 s), and every call to the channel, keyed or not, waits until
@@ -50,7 +57,7 @@ from typing import Any
 
 import httpx
 
-from jax_routeweaver.routing.calls import Usage, WorkerCall
+from jax_routeweaver.routing.calls import OVER_BUDGET, AttemptMeter, Usage, WorkerCall
 from jax_routeweaver.routing.channels import Channel, ChannelConfig
 from jax_routeweaver.routing.http_replies import (
     ACCEPT_ENCODING,
@@ -110,14 +117,20 @@ class _Trace:
     attempts: int = 0
     codes: list[str] = dataclasses.field(default_factory=list)
     failed_usage: Usage | None = None
+    bound_usage: Usage | None = None  # the worst cases of attempts whose bill is unknown
 
-    def add(self, attempt: Attempt) -> None:
+    def add(self, attempt: Attempt, limits: UsageLimits) -> None:
         self.attempts += 1
         if attempt.kind != "ok":
             self.codes.append(attempt.code)
         if attempt.failed_usage is not None:
-            self.failed_usage = (attempt.failed_usage if self.failed_usage is None
-                                 else self.failed_usage + attempt.failed_usage)
+            self.failed_usage = _plus(self.failed_usage, attempt.failed_usage)
+        if attempt.bill() is None:
+            self.bound_usage = _plus(self.bound_usage, limits.as_usage())
+
+
+def _plus(total: Usage | None, usage: Usage) -> Usage:
+    return usage if total is None else total + usage
 
 
 @dataclasses.dataclass
@@ -218,10 +231,11 @@ class HttpWorkerPool:
         """The most bytes (decoded) the pool has held for one reply body so far."""
         return self._peak_reply_bytes
 
-    async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
-                   ) -> WorkerCall:
+    async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None,
+                   meter: AttemptMeter | None = None) -> WorkerCall:
         """One worker call with retries; failures come back as `success=False`, never raised.
 
+        `meter`: asked before each attempt and settled after it (module docstring, Billing).
         `total_budget_s` and `latency_s` count from when the call gets its concurrency slot.
         Raises only for caller bugs: unknown worker (KeyError), bad `max_tokens` (ValueError),
         a closed pool or another event loop (RuntimeError).
@@ -236,7 +250,7 @@ class HttpWorkerPool:
             trace = _Trace()
             try:
                 return await self._call_with_retries(client, channel, prompt, max_tokens,
-                                                     started, trace)
+                                                     started, trace, meter)
             except Exception as err:  # a bug here must cost one call, not the whole rollout
                 message = scrub(f"{type(err).__name__}: {err}", self._key_or_none(channel))
                 logger.error("worker call to %s crashed: %s", worker, message)
@@ -284,12 +298,12 @@ class HttpWorkerPool:
 
     async def _call_with_retries(self, client: httpx.AsyncClient, channel: Channel,
                                  prompt: str, max_tokens: int | None, started: float,
-                                 trace: _Trace) -> WorkerCall:
+                                 trace: _Trace, meter: AttemptMeter | None) -> WorkerCall:
         body = self._body(channel, prompt, max_tokens)
         deadline = started + self._total_budget_s
         for round_index in range(self._max_rounds):
             sent_before = trace.attempts
-            outcome = await self._round(client, channel, body, deadline, trace)
+            outcome = await self._round(client, channel, body, deadline, trace, meter)
             if isinstance(outcome, Attempt):
                 return self._success(channel, prompt, started, trace, outcome)
             if isinstance(outcome, _GiveUp):
@@ -305,9 +319,11 @@ class HttpWorkerPool:
         return self._failure(channel, prompt, started, trace, "retries_exhausted")
 
     async def _round(self, client: httpx.AsyncClient, channel: Channel, body: dict[str, Any],
-                     deadline: float, trace: _Trace) -> Attempt | _GiveUp | None:
+                     deadline: float, trace: _Trace, meter: AttemptMeter | None
+                     ) -> Attempt | _GiveUp | None:
         """One round: a successful attempt, a reason to give up, or None (try next round)."""
         state = self._state[channel.worker]
+        limits = UsageLimits.for_body(body)
         load_failures = 0
         while load_failures < self._attempts_per_round:
             key, refusal = self._credential(channel)
@@ -323,8 +339,11 @@ class HttpWorkerPool:
             left = deadline - self._clock()
             if left <= 0:
                 return _GiveUp("budget_exhausted")
-            attempt = await self._send(client, channel, body, key, min(channel.timeout_s, left))
-            trace.add(attempt)
+            attempt = await self._metered_send(client, channel, body, key,
+                                               min(channel.timeout_s, left), limits, meter)
+            if attempt is None:
+                return _GiveUp(OVER_BUDGET)
+            trace.add(attempt, limits)
             if attempt.kind == "ok":
                 return attempt
             logger.debug("worker %s attempt %d failed: %s", channel.worker, trace.attempts,
@@ -342,6 +361,24 @@ class HttpWorkerPool:
                 state.retry_after_until = max(state.retry_after_until,
                                               self._clock() + attempt.retry_after_s)
         return None
+
+    async def _metered_send(self, client: httpx.AsyncClient, channel: Channel,
+                            body: dict[str, Any], key: str | None, timeout_s: float,
+                            limits: UsageLimits, meter: AttemptMeter | None
+                            ) -> Attempt | None:
+        """`_send` within `meter`'s budget: None (nothing sent) if the attempt's worst case
+        does not fit. Settled however the attempt ends; cancelled, it keeps its worst case."""
+        if meter is None:
+            return await self._send(client, channel, body, key, timeout_s)
+        worst = limits.as_usage()
+        if not meter.reserve(channel.worker, worst):
+            return None
+        attempt = None
+        try:
+            attempt = await self._send(client, channel, body, key, timeout_s)
+            return attempt
+        finally:
+            meter.settle(channel.worker, worst, None if attempt is None else attempt.bill())
 
     def _credential(self, channel: Channel) -> tuple[str | None, str | None]:
         """(key, None), or (None, why this call must not send anything)."""
@@ -390,8 +427,16 @@ class HttpWorkerPool:
                 async with client.stream("POST", channel.url, json=body, headers=headers,
                                          timeout=timeout_s) as response:
                     raw = await self._read_capped(response)
+        except httpx.ConnectTimeout:  # no connection: the request was never sent
+            return Attempt("load_failure", "timeout", self._cooldowns.network_s,
+                           delivered=False)
         except (TimeoutError, httpx.TimeoutException):
             return Attempt("load_failure", "timeout", self._cooldowns.network_s)
+        except httpx.ConnectError as err:
+            logger.debug("worker %s unreachable: %s", channel.worker,
+                         scrub(f"{type(err).__name__}: {err}", key))
+            return Attempt("load_failure", f"network:{type(err).__name__}",
+                           self._cooldowns.network_s, delivered=False)
         except httpx.HTTPError as err:
             logger.debug("worker %s network error: %s", channel.worker,
                          scrub(f"{type(err).__name__}: {err}", key))
@@ -456,8 +501,9 @@ class HttpWorkerPool:
             error = FINAL_CONTENT_MISSING
         return WorkerCall(worker=channel.worker, prompt=prompt, text=reply.text, success=True,
                           usage=reply.usage, failed_usage=trace.failed_usage,
-                          latency_s=self._clock() - started, attempts=trace.attempts,
-                          error=error, reasoning_chars=reply.reasoning_chars)
+                          bound_usage=trace.bound_usage, latency_s=self._clock() - started,
+                          attempts=trace.attempts, error=error,
+                          reasoning_chars=reply.reasoning_chars)
 
     def _failure(self, channel: Channel, prompt: str, started: float, trace: _Trace,
                  reason: str) -> WorkerCall:
@@ -465,8 +511,9 @@ class HttpWorkerPool:
         logger.warning("worker %s call failed after %d attempt(s): %s", channel.worker,
                        trace.attempts, error)
         return WorkerCall(worker=channel.worker, prompt=prompt, text="", success=False,
-                          failed_usage=trace.failed_usage, latency_s=self._clock() - started,
-                          attempts=trace.attempts, error=error)
+                          failed_usage=trace.failed_usage, bound_usage=trace.bound_usage,
+                          latency_s=self._clock() - started, attempts=trace.attempts,
+                          error=error)
 
 
 def missing_keys(config: ChannelConfig, env: Mapping[str, str] | None = None

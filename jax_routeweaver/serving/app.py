@@ -9,8 +9,12 @@ Clients authenticate with ``Authorization: Bearer <token>`` when the server has 
 (`ServeConfig.token_env`); the token is compared in constant time and never logged. A body
 over `max_body_bytes` is refused (413) while it is read, a question over
 `max_question_tokens` router tokens with 400, a request beyond `max_inflight` running ones
-with 503, and one that runs past `request_timeout_s` with 504: a request always ends.
-Errors are OpenAI error objects whose ``code`` names the kind (README, "Serving").
+with 503, and one that runs past `request_timeout_s` with 504: a request always ends. A
+client that disconnects ends its request too (its worker calls are cancelled). Every
+ending after routing began keeps the routing record, with what was billed and reserved so
+far: in the error body (402, 502, 504, 500) or, for a client gone, in the server log; its
+cost is counted in `/metrics` (`routeweaver_error_cost_usd_total{kind}` too). Errors are
+OpenAI error objects whose ``code`` names the kind (README, "Serving").
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,12 +37,19 @@ from jax_routeweaver.serving import openai_api as api
 from jax_routeweaver.serving.budget import WorkerFailed
 from jax_routeweaver.serving.config import ServeConfig
 from jax_routeweaver.serving.metrics import ServeMetrics
-from jax_routeweaver.serving.router import BudgetExhausted, BudgetTooSmall, RouterService
+from jax_routeweaver.serving.router import (
+    BudgetExhausted,
+    BudgetTooSmall,
+    RouteJob,
+    RouterService,
+)
 
 log = logging.getLogger(__name__)
 
 # Episodes run at once by each round of the warm-up (the sampler's batch buckets).
 WARM_UP_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# The status logged (never sent: nobody reads it) for a request whose client left; nginx's.
+CLIENT_CLOSED = 499
 
 
 class _App:
@@ -95,31 +107,32 @@ class _App:
             return self._finish(_error(400, str(e), "invalid_request", param), start,
                                 "invalid_request")
         try:
-            result = await asyncio.wait_for(self.service.route(chat.route),
-                                            self.config.request_timeout_s)
+            job = self.service.start(chat.route)
         except BudgetTooSmall as e:
             return self._finish(_error(400, str(e), "max_cost_too_low", "max_cost"), start,
                                 "max_cost_too_low")
+        try:
+            result = await self._run(job, request)
         except BudgetExhausted as e:
-            self.metrics.routed(e.record)
-            return self._finish(_error(402, str(e), "budget_exhausted", "max_cost",
-                                       **{api.EXTENSION_FIELD: e.record}), start,
-                                "budget_exhausted")
+            return self._failed(402, e, "budget_exhausted", start, e.record, param="max_cost")
         except WorkerFailed as e:
-            extra = {} if e.record is None else {api.EXTENSION_FIELD: e.record}
-            if e.record is not None:
-                self.metrics.routed(e.record)
-            return self._finish(_error(502, str(e), "worker_failed", kind="server_error",
-                                       **extra), start, "worker_failed")
+            return self._failed(502, e, "worker_failed", start, e.record, kind="server_error")
         except TimeoutError:
-            return self._finish(_error(504, f"the request ran past "
-                                       f"{self.config.request_timeout_s:g} s", "timeout",
-                                       kind="server_error"), start, "timeout")
+            message = f"the request ran past {self.config.request_timeout_s:g} s"
+            return self._failed(504, message, "timeout", start, job.record(),
+                                kind="server_error")
+        except _ClientGone:
+            record = job.record()
+            self.metrics.routed(record, "client_disconnected")
+            log.warning("request %s: the client disconnected; record %s",
+                        chat.route.request_id, json.dumps(record))
+            return self._finish(Response(status_code=CLIENT_CLOSED), start,
+                                "client_disconnected")
         except Exception as e:  # a bug costs this request, not the server
             log.exception("request %s failed", chat.route.request_id)
-            return self._finish(_error(500, f"internal error ({type(e).__name__}); see the "
-                                       "server log", "internal_error", kind="server_error"),
-                                start, "internal_error")
+            return self._failed(500, f"internal error ({type(e).__name__}); see the server "
+                                "log", "internal_error", start, job.record(),
+                                kind="server_error")
         self.metrics.routed(result.record)
         log.info("request %s: mode %s, %d calls, %.6f USD, %.2f s", chat.route.request_id,
                  result.record["mode"], len(result.record["calls"]),
@@ -130,6 +143,35 @@ class _App:
         else:
             response = JSONResponse(api.completion(chat, result))
         return self._finish(response, start)
+
+    async def _run(self, job: RouteJob, request: Request) -> Any:
+        """`job.run()`, cancelled (its attempts in flight keep their worst case) when it
+        runs past `request_timeout_s` (TimeoutError) or its client disconnects
+        (`_ClientGone`)."""
+        task = asyncio.ensure_future(job.run())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({task, gone}, timeout=self.config.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task  # its attempts settle before the record is read
+        raise _ClientGone() if gone in done else TimeoutError()
+
+    def _failed(self, status: int, error: Exception | str, code: str, start: float,
+                record: dict[str, Any] | None, *, param: str | None = None,
+                kind: str = "invalid_request_error") -> Response:
+        """An error response carrying the routing record so far, counted in the metrics."""
+        extra = {}
+        if record is not None:
+            self.metrics.routed(record, code)
+            extra[api.EXTENSION_FIELD] = record
+        return self._finish(_error(status, str(error), code, param, kind=kind, **extra),
+                            start, code)
 
     async def _body(self, request: Request) -> bytes:
         """The body, read no further than `max_body_bytes` (413 above it)."""
@@ -171,6 +213,17 @@ class _App:
     def _finish(self, response: Response, start: float, error: str | None = None) -> Response:
         self.metrics.finished(response.status_code, time.perf_counter() - start, error)
         return response
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has disconnected (the body is read by then, so the next ASGI
+    message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.05)  # an empty body message: never spin on it
 
 
 def _error(status: int, message: str, code: str, param: str | None = None, *,

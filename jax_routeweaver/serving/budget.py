@@ -1,61 +1,78 @@
-"""A request's cost budget, honoured by construction, and the fallback worker.
+"""A request's cost budget, honoured per attempt whatever the workers do, and the fallback.
 
-`BudgetedPool` wraps the server's worker pool for one request. Before a call is sent it
-prices the call's worst case,
+`BudgetedPool` wraps the server's worker pool for one request. Every attempt of a call that
+a worker can bill, each retry included, reserves its worst case before it is sent,
 
-    W(call) = (P_max × in + max_tokens × out) / 1e6   USD
+    W(attempt) = (P_max × in + max_tokens × out) / 1e6   USD
 
 (`P_max`: the most prompt tokens the worker may bill for this request body,
 `HttpWorkerPool.usage_bound`; `max_tokens`: the completion cap sent with it; in/out: the
-worker's price per 1M tokens) and reserves it against what is left of `max_cost`. A call
-whose worst case does not fit is not made: the pool answers it as a failed call
-(``over_budget``), which the router observes like any failed call, and the refusal is kept
-for the routing record. When a call returns, its reservation is replaced by what it billed
-(`pricing.call_cost`; a call whose usage is unknown keeps its worst case), so a reply never
-costs more than was reserved for it and the sum stays within `max_cost`.
+worker's price per 1M tokens), against what is left of `max_cost` after what was billed and
+what is reserved by attempts in flight. An attempt that does not fit is not sent: a first
+attempt is refused (``over_budget``, the router observes a failed call and the refusal is
+kept for the routing record); a retry that does not fit ends its call the same way (failed,
+``over_budget (attempts: ...)``, no fallback). When an attempt ends, its
+reservation becomes its bill, by the one rule training and evaluation bill by
+(`routing.pricing`): its reported usage if plausible, else its worst case (a request that
+timed out or was cancelled after it was sent, a reply without usage), nothing if it never
+reached the worker. So what the workers can bill never exceeds `max_cost`, and the record's
+cost is never below it.
+
+What it cannot know: a provider that bills more than the request's own bound (tokens beyond
+the body's length plus the template allowance, or beyond `max_tokens`) breaks no rule here
+but is outside any budget a client can hold.
 
 A call that fails after the pool's retries is made again on the channel's `fallback`
-worker (if one is configured and its own worst case fits); with none, the pool raises
-`WorkerFailed`, which ends the request with a clear error (the episode runner ends its run
-on a pool exception).
+worker, if one is configured, is among the request's workers and its own attempts fit;
+otherwise the pool raises `WorkerFailed`, which ends the request with a clear error (the
+episode runner ends its run on a pool exception).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from jax_routeweaver.routing.calls import PoolView, WorkerCall
-from jax_routeweaver.routing.pricing import Prices, billable_tokens, call_cost, usage_unknown
+from jax_routeweaver.routing.calls import OVER_BUDGET, PoolView, Usage, WorkerCall
+from jax_routeweaver.routing.pricing import Prices, billable_tokens, tokens_cost, usage_unknown
 
-OVER_BUDGET = "over_budget"
+CANCELLED = "cancelled"
+
+__all__ = ["CANCELLED", "OVER_BUDGET", "BudgetedPool", "LedgerEntry", "WorkerFailed"]
 
 
 class WorkerFailed(RuntimeError):
-    """A worker call failed after its retries and no fallback could take it."""
+    """A worker call failed after its retries and no fallback could take it: `fallback` is
+    the channel's fallback worker if it was tried, or `outside` if it was not one of the
+    request's workers (so it was not called)."""
 
-    def __init__(self, worker: str, error: str | None, fallback: str | None = None):
-        self.worker, self.error, self.fallback = worker, error, fallback
+    def __init__(self, worker: str, error: str | None, fallback: str | None = None, *,
+                 outside: str | None = None):
+        self.worker, self.error, self.fallback, self.outside = worker, error, fallback, outside
         # The routing record so far, set by the service that ran the request.
         self.record: dict[str, Any] | None = None
-        tail = f"; its fallback {fallback} failed too" if fallback else ""
+        tail = f"; its fallback {fallback} failed too" if fallback else \
+            f"; its fallback {outside} is not among the request's workers" if outside else ""
         super().__init__(f"worker {worker} failed after retries ({error}){tail}")
 
 
 @dataclasses.dataclass
 class LedgerEntry:
     """One call the request made (or was refused). `call_index`: which `BudgetedPool.call`
-    it belongs to (a fallback shares its failed call's); `cost_usd`: billed for it (its worst
-    case when its usage is unknown); `worst_case_usd`: what was reserved for it;
-    `fallback_for`: the worker whose failed call this one replaced; `refused`: not sent (over
-    budget)."""
+    it belongs to (a fallback shares its failed call's); `attempts`: attempts sent;
+    `cost_usd`: billed for them (each at its reported usage, else its worst case);
+    `worst_case_usd`: reserved for them (the first attempt's worst case if none was sent);
+    `fallback_for`: the worker whose failed call this one replaced; `refused`: not sent
+    (over budget); `usage_known`: every attempt reported its usage."""
 
     call_index: int
     worker: str
     worst_case_usd: float
     cost_usd: float = 0.0
+    attempts: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_s: float = 0.0
@@ -70,30 +87,62 @@ class LedgerEntry:
     def to_json(self) -> dict[str, Any]:
         return {"worker": self.worker, "role": self.role, "node": self.node,
                 "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
+                "completion_tokens": self.completion_tokens, "attempts": self.attempts,
                 "cost_usd": self.cost_usd, "worst_case_usd": self.worst_case_usd,
                 "latency_s": round(self.latency_s, 4), "success": self.success,
                 "error": self.error, "fallback_for": self.fallback_for,
                 "refused": self.refused, "usage_known": self.usage_known}
 
 
+class _Meter:
+    """One call's `routing.calls.AttemptMeter` over its request's budget and ledger entry."""
+
+    def __init__(self, budget: BudgetedPool, entry: LedgerEntry):
+        self.budget, self.entry = budget, entry
+
+    def _usd(self, worker: str, usage: Usage) -> float:
+        return tokens_cost(worker, usage.prompt_tokens, usage.completion_tokens,
+                           self.budget.prices)
+
+    def reserve(self, worker: str, worst: Usage) -> bool:
+        cost = self._usd(worker, worst)
+        if not self.budget.fits(cost):
+            return False
+        self.budget.reserved += cost
+        self.entry.worst_case_usd = cost if self.entry.attempts == 0 else \
+            self.entry.worst_case_usd + cost
+        self.entry.attempts += 1
+        return True
+
+    def settle(self, worker: str, worst: Usage, billed: Usage | None) -> None:
+        reserved = self._usd(worker, worst)
+        cost = reserved if billed is None else self._usd(worker, billed)
+        self.budget.reserved -= reserved
+        self.budget.spent += cost
+        self.entry.cost_usd += cost
+
+
 class BudgetedPool(PoolView):
     """One request's view of the server's pool (`WorkerPool` protocol): calls priced at
-    `prices`, kept within `max_cost` USD (None: no budget), replaced by their channel's
-    fallback on failure. `pool` must offer ``usage_bound(worker, prompt, max_tokens)`` (the
-    HTTP pool does); `fallbacks`: worker -> fallback worker. `ledger`: every call, in order of
-    completion; `worker_s`: wall time this request spent waiting for workers."""
+    `prices`, every attempt kept within `max_cost` USD (None: no budget), a failed call
+    replaced by its channel's fallback when that is in `allowed` (the request's workers;
+    None: any). `pool` must offer ``usage_bound(worker, prompt, max_tokens)`` and take a
+    ``meter`` in ``call`` (`HttpWorkerPool` does); `fallbacks`: worker -> fallback worker.
+    `ledger`: every call, in order of completion (a cancelled call's entry included);
+    `worker_s`: wall time this request spent waiting for workers."""
 
     def __init__(self, pool: Any, prices: Prices, max_cost: float | None,
                  fallbacks: Mapping[str, str] | None = None, *,
-                 default_max_tokens: int | None = None):
+                 default_max_tokens: int | None = None,
+                 allowed: Collection[str] | None = None):
         super().__init__(pool)
         self.prices, self.max_cost = prices, max_cost
         self.fallbacks = dict(fallbacks or {})
+        self.allowed = None if allowed is None else frozenset(allowed)
         self.default_max_tokens = default_max_tokens
         self.ledger: list[LedgerEntry] = []
-        self.spent = 0.0     # billed by finished calls, USD
-        self.reserved = 0.0  # worst cases of calls in flight, USD
+        self.spent = 0.0     # billed by ended attempts, USD
+        self.reserved = 0.0  # worst cases of attempts in flight, USD
         self._calls = 0
         self._waiting = 0
         self._wait_started = 0.0
@@ -107,11 +156,13 @@ class BudgetedPool(PoolView):
         # so call k is the trajectory's k-th `WorkerCall` (`label`).
         index, self._calls = self._calls, self._calls + 1
         entry, result = await self._priced_call(index, worker, prompt, max_tokens, None)
-        if result.success or entry.refused:
-            return result
+        if result.success or entry.refused or (result.error or "").startswith(OVER_BUDGET):
+            return result  # a retry that did not fit ends the call as a refusal does
         fallback = self.fallbacks.get(worker)
         if fallback is None:
             raise WorkerFailed(worker, result.error)
+        if self.allowed is not None and fallback not in self.allowed:
+            raise WorkerFailed(worker, result.error, outside=fallback)
         entry, second = await self._priced_call(index, fallback, prompt, max_tokens, worker)
         if entry.refused:  # the fallback does not fit: the router sees the refusal
             return second
@@ -122,20 +173,18 @@ class BudgetedPool(PoolView):
     # -- budget ------------------------------------------------------------------------------
     @property
     def remaining(self) -> float | None:
-        """USD left for new calls (None: no budget)."""
+        """USD left for new attempts (None: no budget)."""
         if self.max_cost is None:
             return None
         return self.max_cost - self.spent - self.reserved
 
     def worst_case(self, worker: str, prompt: str, max_tokens: int | None) -> float:
-        """W(call) in USD (module docstring); KeyError for an unpriced worker."""
-        price = self.prices[worker]
+        """W(attempt) in USD (module docstring); PricingError for an unpriced worker."""
         bound = self.pool.usage_bound(worker, prompt, max_tokens)
-        return (bound.prompt_tokens * price.input_usd_per_m
-                + bound.completion_tokens * price.output_usd_per_m) / 1e6
+        return tokens_cost(worker, bound.prompt_tokens, bound.completion_tokens, self.prices)
 
     def fits(self, cost_usd: float) -> bool:
-        """Whether a call of worst case `cost_usd` may start now."""
+        """Whether an attempt of worst case `cost_usd` may start now."""
         remaining = self.remaining
         return remaining is None or cost_usd <= remaining
 
@@ -149,28 +198,30 @@ class BudgetedPool(PoolView):
 
     async def _priced_call(self, index: int, worker: str, prompt: str, max_tokens: int | None,
                            fallback_for: str | None) -> tuple[LedgerEntry, WorkerCall]:
-        worst = self.worst_case(worker, prompt, max_tokens)
-        entry = LedgerEntry(index, worker, worst, fallback_for=fallback_for)
-        if not self.fits(worst):
-            entry.refused, entry.error = True, OVER_BUDGET
-            self.ledger.append(entry)
-            return entry, WorkerCall(worker, prompt, "", False, attempts=0, error=OVER_BUDGET)
-        self.reserved += worst
+        entry = LedgerEntry(index, worker, self.worst_case(worker, prompt, max_tokens),
+                            fallback_for=fallback_for)
+        result: WorkerCall | None = None
         self._enter_wait()
         try:
-            result = await self.pool.call(worker, prompt, max_tokens=max_tokens)
+            if self.fits(entry.worst_case_usd):
+                result = await self.pool.call(worker, prompt, max_tokens=max_tokens,
+                                              meter=_Meter(self, entry))
+        except asyncio.CancelledError:  # the request ended (timeout, disconnect) meanwhile
+            entry.error = CANCELLED
+            entry.usage_known = entry.attempts == 0
+            raise
         finally:
             self._leave_wait()
-            self.reserved -= worst
+            self.ledger.append(entry)
+        if result is None or (result.attempts == 0 and result.error == OVER_BUDGET):
+            # Its first attempt did not fit: nothing was sent.
+            entry.refused, entry.error = True, OVER_BUDGET
+            return entry, result or WorkerCall(worker, prompt, "", False, attempts=0,
+                                               error=OVER_BUDGET)
         entry.usage_known = not usage_unknown(result)
-        # What the call billed; a call whose usage is unknown is charged its worst case.
-        cost = call_cost(result, self.prices) if entry.usage_known else worst
-        entry.cost_usd = cost
         entry.prompt_tokens, entry.completion_tokens = billable_tokens(result)
         entry.latency_s, entry.success, entry.error = result.latency_s, result.success, \
             result.error
-        self.spent += cost
-        self.ledger.append(entry)
         return entry, result
 
     # Worker wall time of the request: the time at least one of its calls was in flight.

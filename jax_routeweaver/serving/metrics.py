@@ -9,7 +9,8 @@ counts. Names and labels:
     routeweaver_mode_total{mode,forced}           routed requests by mode
     routeweaver_worker_calls_total{worker,outcome}  ok | failed | refused (over budget)
     routeweaver_fallback_calls_total{worker}      calls a fallback worker took over
-    routeweaver_cost_usd_total                    worker cost billed, USD
+    routeweaver_cost_usd_total                    worker cost billed, USD (every request)
+    routeweaver_error_cost_usd_total{kind}        of which by requests that ended in an error
     routeweaver_errors_total{kind}                failed requests by error code
     routeweaver_inflight_requests                 requests running now
     routeweaver_sampler_batch_rows                histogram of rows per sampler batch
@@ -54,6 +55,9 @@ class ServeMetrics:
         self.fallbacks = Counter("routeweaver_fallback_calls",
                                  "calls a fallback worker took over", ["worker"], registry=r)
         self.cost = Counter("routeweaver_cost_usd", "worker cost billed, USD", registry=r)
+        self.error_cost = Counter("routeweaver_error_cost_usd",
+                                  "worker cost billed by requests that ended in an error, USD",
+                                  ["kind"], registry=r)
         self.errors = Counter("routeweaver_errors", "failed requests by error code", ["kind"],
                               registry=r)
         self.inflight = Gauge("routeweaver_inflight_requests", "requests running now",
@@ -64,9 +68,10 @@ class ServeMetrics:
                                        "seconds per sampler batch", buckets=LATENCY_BUCKETS,
                                        registry=r)
 
-    def routed(self, record: dict[str, Any]) -> None:
-        """Count one routing record (a finished request, or one that ran out of budget or
-        lost a worker: its mode is None when the episode did not finish)."""
+    def routed(self, record: dict[str, Any], error: str | None = None) -> None:
+        """Count one routing record: a finished request, or one that ended in the error
+        `error` (out of budget, a worker lost, a timeout, a client gone: its mode is None
+        when the episode did not finish; its cost counts in both cost counters)."""
         if record["mode"] is not None:
             self.modes.labels(str(record["mode"]), str(record["forced"]).lower()).inc()
         for call in record["calls"]:
@@ -75,6 +80,8 @@ class ServeMetrics:
             if call["fallback_for"] is not None and not call["refused"]:
                 self.fallbacks.labels(call["worker"]).inc()
         self.cost.inc(record["total_cost_usd"])
+        if error is not None:
+            self.error_cost.labels(error).inc(record["total_cost_usd"])
         self.router.observe(record["router_s"])
 
     def finished(self, status: int, seconds: float, error: str | None = None) -> None:

@@ -8,14 +8,19 @@ Per request (`RouteRequest`):
    first call's worst case already exceeds `max_cost` (the router is never offered a worker it
    cannot afford; `serving.budget`). None left: `BudgetTooSmall`.
 2. One RouteWeaver episode runs against the shared batching sampler and a `BudgetedPool` over
-   the server's worker pool (its calls within the budget, a failed one replaced by its
-   channel's fallback, else `WorkerFailed`). A forced mode is injected as the curriculum's
-   forced arm is (the mode declaration is written for the router).
+   the server's worker pool (every attempt within the budget, a failed call replaced by its
+   channel's fallback when that is one of the request's workers, else `WorkerFailed`). A
+   forced mode is injected as the curriculum's forced arm is (the mode declaration is
+   written for the router).
 3. The answer is the router's. An episode that ends without one (a violation, the turn
    limit, a call refused for budget) falls back to the cheapest way to answer within the
    budget, and the record says which (`answer_source`): the last successful worker reply
    (free), else one call to the worker with the lowest worst-case price that still fits
    (``cheapest_worker``), else `BudgetExhausted`.
+
+`RouterService.start` returns the request as a `RouteJob`, whose `record` is the routing
+record so far at any moment: a request that ends in an error (402, 502, a timeout, a client
+gone) keeps what was billed and reserved.
 """
 
 from __future__ import annotations
@@ -149,35 +154,20 @@ class RouterService:
         if request.mode is not None and request.mode not in FORCED_MODES:
             raise ValueError(f"mode: {request.mode!r} is not one of {', '.join(FORCED_MODES)}")
 
-    async def route(self, request: RouteRequest) -> RouteResult:
-        """Run the request (module docstring). Raises `BudgetTooSmall`, `BudgetExhausted`,
-        `budget.WorkerFailed`, or ValueError for a request `check` refuses."""
+    def start(self, request: RouteRequest) -> RouteJob:
+        """The request, ready to `run` (module docstring). Raises `BudgetTooSmall`, or
+        ValueError for a request `check` refuses."""
         self.check(request)
-        start = time.perf_counter()
         max_tokens = self._worker_max_tokens(request)
         budget = BudgetedPool(self.pool, self.prices, request.max_cost, self.fallbacks,
-                              default_max_tokens=max_tokens)
+                              default_max_tokens=max_tokens,
+                              allowed=request.workers or None)
         offered = self._affordable(request, budget, max_tokens)
-        record = Record(sample_id=request.request_id, domain=None, dataset="serve",
-                        scorer_dataset=UNSCORED, question=request.question, gold=(),
-                        forced_mode=request.mode)
-        make_env = self._factory(offered, max_tokens)
-        try:
-            traj = (await run_episodes_async([record], self.sampler, budget, make_env))[0]
-            budget.label(traj.calls)
-            answer, source = await self._answer(traj, budget, request, max_tokens)
-        except WorkerFailed as e:  # the client sees what was called (and billed) before
-            e.record = routing_record(None, budget, offered, None,
-                                      time.perf_counter() - start, request.request_id)
-            raise
-        rec = routing_record(traj, budget, offered, source, time.perf_counter() - start,
-                             request.request_id)
-        if answer is None:
-            raise BudgetExhausted(rec)
-        # The router read its prompt and the environment's tokens, and wrote the rest.
-        read = traj.token_source.count(SOURCE_ENV)
-        return RouteResult(answer, rec, len(traj.prompt_ids) + read,
-                           len(traj.response_ids) - read)
+        return RouteJob(self, request, budget, offered, max_tokens)
+
+    async def route(self, request: RouteRequest) -> RouteResult:
+        """`start(request).run()`."""
+        return await self.start(request).run()
 
     # -- helpers ---------------------------------------------------------------------------
     def _worker_max_tokens(self, request: RouteRequest) -> int:
@@ -230,12 +220,56 @@ class RouterService:
         return extract_answer(call.text) or call.text, "cheapest_worker"
 
 
+class RouteJob:
+    """One request under way: its budget, its offered workers and, once the episode has run,
+    its trajectory. `record()` is its routing record at any moment."""
+
+    def __init__(self, service: RouterService, request: RouteRequest, budget: BudgetedPool,
+                 offered: tuple[str, ...], max_tokens: int):
+        self.service, self.request, self.budget = service, request, budget
+        self.offered, self.max_tokens = offered, max_tokens
+        self.started = time.perf_counter()
+        self.traj: Trajectory | None = None
+        self.source: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The routing record so far (`routing_record`; mode None until the episode ends)."""
+        return routing_record(self.traj, self.budget, self.offered, self.source,
+                              time.perf_counter() - self.started, self.request.request_id)
+
+    async def run(self) -> RouteResult:
+        """Route the request. Raises `BudgetExhausted` or `budget.WorkerFailed`, each with
+        the record so far."""
+        service, request, budget = self.service, self.request, self.budget
+        record = Record(sample_id=request.request_id, domain=None, dataset="serve",
+                        scorer_dataset=UNSCORED, question=request.question, gold=(),
+                        forced_mode=request.mode)
+        make_env = service._factory(self.offered, self.max_tokens)
+        try:
+            traj = (await run_episodes_async([record], service.sampler, budget, make_env))[0]
+            budget.label(traj.calls)
+            self.traj = traj
+            answer, self.source = await service._answer(traj, budget, request,
+                                                        self.max_tokens)
+        except WorkerFailed as e:  # the client sees what was called (and billed) before
+            e.record = self.record()
+            raise
+        if answer is None:
+            raise BudgetExhausted(self.record())
+        # The router read its prompt and the environment's tokens, and wrote the rest.
+        read = traj.token_source.count(SOURCE_ENV)
+        return RouteResult(answer, self.record(), len(traj.prompt_ids) + read,
+                           len(traj.response_ids) - read)
+
+
 def routing_record(traj: Trajectory | None, budget: BudgetedPool, offered: Sequence[str],
                    source: str | None, latency_s: float, request_id: str) -> dict[str, Any]:
     """The routing record of one request (the response's ``routeweaver`` field;
     docs/serving.md, "The routing record"); `traj` None: the episode did not finish (a
-    worker failed), so only the calls and the budget are known. `router_s`: latency not spent
-    waiting for workers (sampling, queueing for the shared sampler, orchestration)."""
+    worker failed, the request timed out or its client left), so only the calls and the
+    budget are known. `reserved_usd`: the worst cases of attempts still in flight;
+    `router_s`: latency not spent waiting for workers (sampling, queueing for the shared
+    sampler, orchestration)."""
     worker_s = budget.worker_s
     return {
         "id": request_id,
@@ -244,6 +278,7 @@ def routing_record(traj: Trajectory | None, budget: BudgetedPool, offered: Seque
         "calls": [e.to_json() for e in budget.ledger],
         "total_cost_usd": budget.spent,
         "max_cost_usd": budget.max_cost,
+        "reserved_usd": budget.reserved,
         "budget_left_usd": budget.remaining,
         "within_budget": budget.within_budget,
         "refused_calls": len(budget.refusals),
