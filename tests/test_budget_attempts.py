@@ -124,8 +124,8 @@ EXAMPLES = itertools.count()
        max_tokens=st.sampled_from([32, 256, 2048]))
 def test_what_the_workers_bill_never_exceeds_max_cost(endpoint, tasks, requests, max_tokens):
     """Drawn worker behaviours, budgets (0.5-8 first-call worst cases), max_tokens, modes and
-    1-3 requests at once: per request, the provider's bill <= max_cost <= ... and the
-    record's cost >= the provider's bill; nothing stays reserved."""
+    1-3 requests at once: per request, the provider's bill <= max_cost, the record's cost >=
+    the provider's bill, and nothing stays reserved."""
     n = next(EXAMPLES)
     tags = [f"r{n}x{i}" for i in range(len(requests))]
     endpoint.script = Script({tag: r["faults"] for tag, r in zip(tags, requests, strict=True)})

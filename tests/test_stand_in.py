@@ -285,8 +285,8 @@ def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
 
     argv = ["warm-start", "--config", str(QUICKSTART), "model.init=stand-in",
             f"model.stand_in.cache_dir={tmp_path}", "data.synthetic_queries=60",
-            "model.stand_in.steps=20", "model.stand_in.dims=8",
-            "model.stand_in.demonstrations=8", "model.stand_in.bc_batch=4"]
+            "model.stand_in.steps=6", "model.stand_in.dims=8",
+            "model.stand_in.demonstrations=4", "model.stand_in.bc_batch=2"]
     assert main(argv) == 0
     first = capsys.readouterr().out
     assert "distilling 60 questions" in first and "domain_share" in first and "bc_nll" in first
@@ -294,7 +294,7 @@ def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
     second = capsys.readouterr().out
     assert "reusing" in second and "distilling" not in second
     path = second.strip().splitlines()[-1].split(" loads ")[1].split(" (")[0]
-    assert stand_in.read_report(Path(path))["settings"]["steps"] == 20
+    assert stand_in.read_report(Path(path))["settings"]["steps"] == 6
     # Not a random-init router: one line naming the field, exit non-zero, nothing built.
     assert main(["warm-start", "--config", str(QUICKSTART), "model.init=/nonexistent",
                  "model.random={}"]) != 0
