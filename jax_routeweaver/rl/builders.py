@@ -6,7 +6,6 @@ benchmarks build the same parts the same way through these functions.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -203,15 +202,14 @@ def counting_tokenizer(cfg: TrainConfig) -> Any:
 
 
 def hf_context(directory: Path, what: str = "") -> tuple[int, str]:
-    """(max_position_embeddings of the Hugging Face checkpoint `directory`, where it comes
-    from); 40960 when its config.json does not say, as `ModelConfig.from_hf` reads it.
-    FileNotFoundError (starting with `what`, e.g. "model.path: ") without a config.json."""
+    """(max_position_embeddings of the Hugging Face checkpoint `directory`
+    (`ModelConfig.from_hf`), where it comes from). FileNotFoundError (starting with `what`,
+    e.g. "model.path: ") without a config.json."""
     config = directory / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{what}{directory} is not a Hugging Face checkpoint "
                                 "directory (no config.json)")
-    positions = int(json.loads(config.read_text(encoding="utf-8"))
-                    .get("max_position_embeddings", 40960))
+    positions = ModelConfig.from_hf(config).max_position_embeddings
     return positions, f"max_position_embeddings={positions} of {config}"
 
 
