@@ -55,17 +55,19 @@ sys.path.insert(0, str(ROOT / "tests"))
 PORT_LINE = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 
 
-def start_server(checkpoint: Path, channels: Path, log: Path, max_batch: int, warmup: int,
-                 overrides: list[str], flags: tuple[str, ...] = ()) -> tuple:
-    """`routeweaver serve` on a free loopback port; (process, base url). `flags`: more
-    `serve` options."""
+def start_server(checkpoint: Path, channels: Path, log: Path, max_batch: int,
+                 warmup: int | None, overrides: list[str], flags: tuple[str, ...] = ()
+                 ) -> tuple:
+    """`routeweaver serve` on a free loopback port; (process, base url). `warmup`: `serve
+    --warmup` (None: its default); `flags`: more `serve` options."""
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env.pop("ROUTEWEAVER_SERVE_TOKEN", None)
     out = log.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "jax_routeweaver.cli", "serve",
                              "--checkpoint", str(checkpoint), "--channels", str(channels),
-                             "--port", "0", "--max-batch", str(max_batch), "--warmup",
-                             str(warmup), *flags, *overrides],
+                             "--port", "0", "--max-batch", str(max_batch),
+                             *([] if warmup is None else ["--warmup", str(warmup)]), *flags,
+                             *overrides],
                             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     deadline = time.time() + 600
     while time.time() < deadline:
@@ -280,8 +282,9 @@ def common_arguments(p: argparse.ArgumentParser, clients: str) -> None:
                    help="modes the requests cycle through: auto (the router decides), single, "
                         "multi, agentic (forced)")
     p.add_argument("--max-batch", type=int, default=64)
-    p.add_argument("--server-warmup", type=int, default=0, metavar="ROWS",
-                   help="serve --warmup ROWS: compile the router's shapes before listening")
+    p.add_argument("--server-warmup", type=int, default=None, metavar="ROWS",
+                   help="serve --warmup ROWS: compile the router's shapes before listening "
+                        "(default: serve's own, --max-batch rows)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="run-config overrides passed to routeweaver serve")

@@ -62,7 +62,7 @@ def workers(run, tmp_path_factory):
 def served(run, workers):
     sent = len(workers.bodies)
     s = Served(run[0], workers.channels, ServeConfig(port=0, worker_budget_s=1.0,
-                                                     max_body_bytes=4096, warmup_rows=4,
+                                                     max_body_bytes=4096, warmup_rows=2,
                                                      max_question_tokens=300), TOKEN)
     s.warm_calls = len(workers.bodies) - sent
     yield s
@@ -139,9 +139,37 @@ def test_a_forced_mode_and_a_worker_list_are_honoured(client, run):
 
 
 def test_the_warm_up_sampled_batches_before_listening_and_called_no_worker(served):
-    # Episodes in batches of 1, 2 and 4 (warmup_rows=4): at least one turn each.
-    assert served.warm_rows >= 1 + 2 + 4 and served.warm_batches >= 3
+    from jax_routeweaver.routing import prompts
+    from jax_routeweaver.serving.router import WARM_UP_QUESTION, warm_up_reply
+
+    service = served.runtime.service
+    lengths = service.warm_up_lengths()  # 1/4, 1/2 and all of the longest observation
+    assert lengths == (96, 192, 384)  # the quickstart's obs_budget_cap, 384
+    for n in lengths:  # the canned replies are about as long as asked, in router tokens
+        ids = service.tokenizer.encode(warm_up_reply(service.tokenizer, n),
+                                       add_special_tokens=False)
+        assert abs(len(ids) - n) <= 0.05 * n, (n, len(ids))
+    # Episodes in batches of 1 and 2 (warmup_rows=2), once per reply length: at least one
+    # turn each, and no worker called.
+    assert served.warm_rows >= 3 * (1 + 2) and served.warm_batches >= 6
     assert served.warm_calls == 0
+    # The replies reached the router: it compiled a context holding the longest one.
+    selector = len(prompts.selector_prompt_ids(service.tokenizer, WARM_UP_QUESTION))
+    longest = max(p for _, p, _ in served.runtime.sampler.sampler.shape_state())
+    assert longest >= selector + lengths[-1], (longest, selector)
+
+
+def test_the_warm_up_batches_double_up_to_the_limit():
+    from jax_routeweaver.serving.app import warm_up_batches
+
+    assert warm_up_batches(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert warm_up_batches(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert warm_up_batches(1) == [1] and warm_up_batches(0) == []
+    assert ServeConfig().warmup_limit == ServeConfig().max_batch == 64  # the default
+    assert ServeConfig(max_batch=16).warmup_limit == 16
+    assert ServeConfig(warmup_rows=0).warmup_limit == 0
+    with pytest.raises(ValueError, match="warmup_rows=-1"):
+        ServeConfig(warmup_rows=-1)
 
 
 def test_the_models_list_names_the_served_model(client):
@@ -521,7 +549,7 @@ def test_serve_cli_finishes_accepted_requests_on_sigterm(run, tmp_path):
                   sim)
         log = tmp_path / "serve.log"
         serve = _start(["serve", "--checkpoint", str(run[0]), "--channels", str(channels),
-                        "--port", "0"], log)
+                        "--port", "0", "--warmup", "0"], log)
         base = _wait_for(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", log, serve).group(1)
         assert httpx.get(base + "/healthz").status_code == 200
         result: dict = {}

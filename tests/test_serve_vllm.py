@@ -31,7 +31,7 @@ def test_serving_on_the_vllm_sidecar_batches_concurrent_requests(tmp_path, monke
     sim = SimulatedWorkerPool(records, seed=0)
     with SimulatedHttpWorkers(sim, delay_s=0.2) as workers:
         channels = simulated_channel_file(tmp_path / "channels.yaml", sim, workers.url)
-        served = Served(run, channels, ServeConfig(port=0), None, overrides=SIDECAR,
+        served = Served(run, channels, ServeConfig(port=0, warmup_rows=0), None, overrides=SIDECAR,
                         work_dir=tmp_path / "serve")
         try:
             assert served.runtime.sidecar is not None

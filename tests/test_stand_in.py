@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -21,6 +24,12 @@ from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 QUIET = Console(file=io.StringIO())
+
+
+def one_device():
+    """A mesh of one device: the quickstart's CPU machine has one, and distilling on the
+    tests' eight simulated devices takes about twice as long on the same two cores."""
+    return make_mesh((1, 1, 1), jax.devices()[:1])
 
 
 def config(tmp_path: Path, *extra: str):
@@ -181,7 +190,7 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     records, tokenizer = run_parts
     cfg = config(tmp_path)
     lines: list[str] = []
-    model = builders.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records,
+    model = builders.build_policy(cfg, one_device(), tokenizer, records,
                               log=lines.append)
     [path] = [p for p in (tmp_path / "cache").iterdir() if p.name != "embeddings"]
     report = stand_in.read_report(path)
@@ -201,13 +210,13 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     assert report["loss_last"]["bc"] < report["loss_first"]["bc"]
     assert not list((tmp_path / "cache").glob(".building-*"))
     # The run's policy is the cached model's weights.
-    cached = stand_in.diagnostics(builders.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer,
+    cached = stand_in.diagnostics(builders.build_policy(cfg, one_device(), tokenizer,
                                                     records), _inputs(cfg, records, tokenizer))
     again = stand_in.diagnostics(model, _inputs(cfg, records, tokenizer))
     assert cached == again
     # Reused: a second build trains nothing.
     monkeypatch.setattr(stand_in, "distil", lambda *a, **k: pytest.fail("retrained"))
-    builders.build_policy(cfg, make_mesh((1, -1, 1)), tokenizer, records, log=lines.append)
+    builders.build_policy(cfg, one_device(), tokenizer, records, log=lines.append)
     assert any("reusing" in line for line in lines)
     # Any field that changes the result changes the key (the cache directory is not one).
     key = lambda c: stand_in.cache_key(model.config, tokenizer, records, c.model.stand_in,
@@ -280,22 +289,26 @@ def test_demonstrations_refuse_a_paid_pool(run_parts, tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
-def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
-    from jax_routeweaver.cli.app import main
+def test_warm_start_command_builds_then_reuses(tmp_path):
+    """The real command, in its own process on one CPU device (as a user runs it)."""
+    def warm_start(*overrides: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+        return subprocess.run([sys.executable, "-m", "jax_routeweaver.cli", "warm-start",
+                               "--config", str(QUICKSTART), *overrides],
+                              capture_output=True, text=True, env=env, timeout=600)
 
-    argv = ["warm-start", "--config", str(QUICKSTART), "model.init=stand-in",
-            f"model.stand_in.cache_dir={tmp_path}", "data.synthetic_queries=60",
-            "model.stand_in.steps=6", "model.stand_in.dims=8",
+    argv = ["model.init=stand-in", f"model.stand_in.cache_dir={tmp_path}",
+            "data.synthetic_queries=60", "model.stand_in.steps=6", "model.stand_in.dims=8",
             "model.stand_in.demonstrations=4", "model.stand_in.bc_batch=2"]
-    assert main(argv) == 0
-    first = capsys.readouterr().out
-    assert "distilling 60 questions" in first and "domain_share" in first and "bc_nll" in first
-    assert main(argv) == 0
-    second = capsys.readouterr().out
-    assert "reusing" in second and "distilling" not in second
-    path = second.strip().splitlines()[-1].split(" loads ")[1].split(" (")[0]
+    first = warm_start(*argv)
+    assert first.returncode == 0, first.stderr
+    assert "distilling 60 questions" in first.stdout and "domain_share" in first.stdout
+    assert "bc_nll" in first.stdout
+    second = warm_start(*argv)
+    assert second.returncode == 0, second.stderr
+    assert "reusing" in second.stdout and "distilling" not in second.stdout
+    path = second.stdout.strip().splitlines()[-1].split(" loads ")[1].split(" (")[0]
     assert stand_in.read_report(Path(path))["settings"]["steps"] == 6
     # Not a random-init router: one line naming the field, exit non-zero, nothing built.
-    assert main(["warm-start", "--config", str(QUICKSTART), "model.init=/nonexistent",
-                 "model.random={}"]) != 0
-    assert "model.init" in capsys.readouterr().err
+    bad = warm_start("model.init=/nonexistent", "model.random={}")
+    assert bad.returncode != 0 and "model.init" in bad.stderr

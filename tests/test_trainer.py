@@ -140,19 +140,26 @@ def support_rows(seed: int) -> tuple[list[list[int]], list[list[int]]]:
     return prompts, [[1, 2, 3, 40, 4, 5, 6], [1, 2, 3, 41, 4, 5, 6], [1, 2, 3, 42, 43, 4, 5, 6]]
 
 
+def declaration_logprobs(policy, prompts, decls) -> tuple[jax.Array, np.ndarray]:
+    """(token logprobs ``[Q * 3, W]``, the content span of each declaration ``[Q * 3, W]``
+    bool) of each declaration after each prompt: one unchunked forward of all Q x 3 rows,
+    right-padded (causal attention, so the padding changes no scored position)."""
+    pairs = [(prompt, decl) for prompt in prompts for decl in decls]
+    width = max(len(prompt) + len(decl) for prompt, decl in pairs)
+    ids, mask, span = (np.zeros((len(pairs), width), t) for t in (np.int32, bool, bool))
+    for r, (prompt, decl) in enumerate(pairs):
+        n = len(prompt) + len(decl)
+        ids[r, :n], mask[r, :n] = prompt + decl, True
+        span[r, len(prompt) + 3: n - 3] = True
+    pos = np.broadcast_to(np.arange(width), ids.shape)
+    return token_logprobs(policy, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask)), span
+
+
 def declaration_scores(policy, prompts, decls) -> jax.Array:
-    """``[Q, 3]`` summed content-span logprobs of each declaration after each prompt, one
-    unchunked forward per row (the reference the chunked support pass must match)."""
-    out = []
-    for prompt in prompts:
-        row = []
-        for decl in decls:
-            ids = jnp.asarray([prompt + decl])
-            pos = jnp.arange(ids.shape[1])[None]
-            lp = token_logprobs(policy, ids, pos, jnp.ones_like(ids, bool))
-            row.append(lp[0, len(prompt) + 3: len(prompt) + len(decl) - 3].sum())
-        out.append(jnp.stack(row))
-    return jnp.stack(out)
+    """``[Q, 3]`` summed content-span logprobs of each declaration after each prompt (the
+    reference the chunked support pass must match)."""
+    lp, span = declaration_logprobs(policy, prompts, decls)
+    return jnp.where(span, lp, 0.0).sum(1).reshape(len(prompts), len(decls))
 
 
 def test_support_gradient_equals_full_graph():
@@ -184,15 +191,10 @@ def test_support_pass_logs_the_mode_distribution():
     sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8, forced=forced)
     trainer = Trainer(model(seed=1), OptimConfig(), LossConfig(support_chunk=4))
     graphdef, params = nnx.split(model(seed=1), nnx.Param)
-    scores, firsts = np.zeros((5, 3)), np.zeros((5, 3))
-    for q, prompt in enumerate(prompts):
-        for m, decl in enumerate(decls):
-            ids = jnp.asarray([prompt + decl])
-            lp = np.asarray(token_logprobs(nnx.merge(graphdef, params), ids,
-                                           jnp.arange(ids.shape[1])[None],
-                                           jnp.ones_like(ids, bool)))[0]
-            scores[q, m] = lp[len(prompt) + 3: len(prompt) + len(decl) - 3].sum()
-            firsts[q, m] = lp[len(prompt) + 3]
+    lp, span = declaration_logprobs(nnx.merge(graphdef, params), prompts, decls)
+    lp = np.asarray(lp)
+    scores = np.where(span, lp, 0.0).sum(1).reshape(5, 3)
+    firsts = lp[np.arange(len(lp)), span.argmax(1)].reshape(5, 3)  # the span's first token
     pi = np.exp(scores) / np.exp(scores).sum(1, keepdims=True)
     _, metrics = trainer._support_grad(trainer.state.params, sb, jnp.float32(0.8), 5)
     f = np.array(forced)

@@ -50,8 +50,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds one worker call may spend on retries before it fails and "
                         f"its fallback is asked (default {d.worker_budget_s:g})")
     p.add_argument("--warmup", type=int, default=d.warmup_rows, metavar="ROWS",
-                   help="before listening, compile the router's shapes with no-call episodes "
-                        "in batches of 1, 2, 4, ... up to ROWS (default 0: off; e.g. 32)")
+                   help="before listening, compile the router's shapes with episodes whose "
+                        "calls get canned replies (nothing is sent), in batches of 1, 2, 4, "
+                        "... up to ROWS (default: --max-batch; 0: off)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help=f"largest request body; larger get 413 (default {d.max_body_bytes})")
     p.add_argument("--max-question-tokens", type=int, default=d.max_question_tokens,

@@ -46,10 +46,18 @@ from jax_routeweaver.serving.router import (
 
 log = logging.getLogger(__name__)
 
-# Episodes run at once by each round of the warm-up (the sampler's batch buckets).
-WARM_UP_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # The status logged (never sent: nobody reads it) for a request whose client left; nginx's.
 CLIENT_CLOSED = 499
+
+
+def warm_up_batches(limit: int) -> list[int]:
+    """Episodes run at once by each round of the warm-up: 1, 2, 4, ... below `limit` (the
+    sampler's batch buckets), then `limit` itself; [] for 0."""
+    rows, n = [], 1
+    while n < limit:
+        rows.append(n)
+        n *= 2
+    return [*rows, limit] if limit else []
 
 
 class _App:
@@ -237,15 +245,15 @@ def create_app(service: RouterService, config: ServeConfig, *, token: str | None
                on_shutdown: Callable[[], Awaitable[None]] | None = None) -> Starlette:
     """The endpoint over `service`. `token`: the clients' bearer token (None: none needed);
     `on_shutdown`: awaited once the server has finished its accepted requests. With
-    `config.warmup_rows`, the router's shapes are compiled (`RouterService.warm_up`) before
+    `config.warmup_limit`, the router's shapes are compiled (`RouterService.warm_up`) before
     the server listens."""
     state = _App(service, config, token, metrics or ServeMetrics())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if config.warmup_rows:
+        if config.warmup_limit:
             start = time.perf_counter()
-            rows = [n for n in WARM_UP_BATCHES if n <= config.warmup_rows]
+            rows = warm_up_batches(config.warmup_limit)
             episodes = await service.warm_up(rows)
             log.warning("warmed up: %d episodes in batches of %s, %.1f s", episodes, rows,
                         time.perf_counter() - start)

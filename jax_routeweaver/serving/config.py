@@ -49,17 +49,24 @@ class ServeConfig:
     # Rows the shared sampler takes per batch, >= 1.
     max_batch: int = 64
     # Before listening, compile the router's shapes with episodes in batches of 1, 2, 4, ...
-    # up to this many rows (no worker is called); 0 = off. Rows, >= 0.
-    warmup_rows: int = 0
+    # up to this many rows (no worker is called; `RouterService.warm_up`). Rows, >= 0;
+    # 0 = off; None = `max_batch` (a fresh server then meets its overhead goal from its first
+    # requests: bench/serve.py --cold, bench/RESULTS.md).
+    warmup_rows: int | None = None
     # Seconds a shutdown waits for accepted requests before closing them, > 0.
     shutdown_grace_s: float = 330.0
+
+    @property
+    def warmup_limit(self) -> int:
+        """The rows of the warm-up's largest batch (0: no warm-up)."""
+        return self.max_batch if self.warmup_rows is None else self.warmup_rows
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} must be in [0, 65535]")
         if not self.model_name.strip():
             raise ValueError("model_name must be non-empty")
-        if self.warmup_rows < 0:
+        if self.warmup_rows is not None and self.warmup_rows < 0:
             raise ValueError(f"warmup_rows={self.warmup_rows} must be >= 0")
         for name, low in (("max_body_bytes", 1024), ("max_messages", 1),
                           ("max_question_tokens", 1), ("max_inflight", 1), ("max_batch", 1)):

@@ -35,7 +35,7 @@ from typing import Any
 from jax_routeweaver.data.records import FORCED_MODES, UNSCORED, Record
 from jax_routeweaver.routing import prompts
 from jax_routeweaver.routing.answers import extract_answer
-from jax_routeweaver.routing.calls import PoolView, WorkerCall
+from jax_routeweaver.routing.calls import PoolView, Usage, WorkerCall
 from jax_routeweaver.routing.episode import (
     SOURCE_ENV,
     EnvFactory,
@@ -48,9 +48,13 @@ from jax_routeweaver.serving.budget import BudgetedPool, WorkerFailed
 
 # The task the fallback's direct call carries (a single-mode payload).
 DIRECT_TASK = "Answer the question."
-# What `RouterService.warm_up` routes, and the error its calls fail with.
+# What `RouterService.warm_up` routes, and the text its canned worker replies repeat.
 WARM_UP_QUESTION = "What is the sum of the first ten positive integers?"
-WARM_UP_ERROR = "warm_up: no worker is called while the server warms up"
+WARM_UP_REPLY = ("Adding 1 + 2 + ... + 10 pairs 1 with 10, 2 with 9, and so on: five pairs of "
+                 "11, so the sum is 55. ")
+# The canned replies' lengths, as shares of the longest observation a reply can become: the
+# router's contexts then reach the prompt buckets that short, medium and full replies make.
+WARM_UP_REPLY_SHARES = (0.25, 0.5, 1.0)
 
 
 class BudgetTooSmall(ValueError):
@@ -98,13 +102,25 @@ class RouteResult:
     completion_tokens: int
 
 
-class NoWorkerPool(PoolView):
-    """A warm-up's pool: the served pool's catalog, but every call fails at once without
-    being sent (``warm_up``), so compiling the router's shapes pays no worker."""
+class WarmUpPool(PoolView):
+    """A warm-up's pool: the served pool's catalog, but every call succeeds at once without
+    being sent (nothing is paid), its reply the canned `reply`."""
+
+    def __init__(self, pool: Any, reply: str):
+        super().__init__(pool)
+        self.reply = reply
 
     async def call(self, worker: str, prompt: str, *, max_tokens: int | None = None
                    ) -> WorkerCall:
-        return WorkerCall(worker, prompt, "", False, attempts=0, error=WARM_UP_ERROR)
+        return WorkerCall(worker, prompt, self.reply, True, usage=Usage(0, 0), attempts=0)
+
+
+def warm_up_reply(tokenizer: Any, tokens: int) -> str:
+    """`WARM_UP_REPLY` repeated and cut to `tokens` router tokens (>= 1); encoded again it
+    is about as long (the tokenizer may merge a few tokens where the repeats join)."""
+    unit = tokenizer.encode(WARM_UP_REPLY, add_special_tokens=False)
+    ids = (unit * (tokens // len(unit) + 1))[:max(1, tokens)]
+    return tokenizer.decode(ids)
 
 
 class RouterService:
@@ -128,23 +144,34 @@ class RouterService:
         self._factories: dict[tuple[tuple[str, ...], int], EnvFactory] = {}
 
     async def warm_up(self, rows: Sequence[int], question: str = WARM_UP_QUESTION) -> int:
-        """Compile the sampler's shapes before the first request: for each `rows` entry n,
-        n episodes of `question` at once (through the shared sampler, as n concurrent
-        requests would; modes cycling free, single, multi, agentic), against a pool that
-        calls no worker (`NoWorkerPool`: every call fails at once, so nothing is paid and
-        the router sees failed calls). Returns the episodes run."""
-        pool = NoWorkerPool(self.pool)
+        """Compile the sampler's shapes before the first request: for each `rows` entry n
+        and each canned reply length (`warm_up_lengths`), n episodes of `question` at once
+        (through the shared sampler, as n concurrent requests would; modes cycling free,
+        single, multi, agentic), against a pool that sends nothing (`WarmUpPool`: every
+        call succeeds at once with the canned reply, so nothing is paid and the router's
+        contexts grow as real replies make them). Returns the episodes run."""
         modes = (None, *FORCED_MODES)
+        make_env = self._factory(self.served, self.config.protocol.worker_max_tokens)
         done = 0
         for n in rows:
-            records = [Record(sample_id=f"warm-up-{n}-{i}", domain=None, dataset="serve",
-                              scorer_dataset=UNSCORED, question=question, gold=(),
-                              forced_mode=modes[i % len(modes)]) for i in range(n)]
-            make_env = self._factory(self.served, self.config.protocol.worker_max_tokens)
-            await asyncio.gather(*(run_episodes_async([r], self.sampler, pool, make_env)
-                                   for r in records))
-            done += n
+            for length in self.warm_up_lengths():
+                pool = WarmUpPool(self.pool, warm_up_reply(self.tokenizer, length))
+                records = [Record(sample_id=f"warm-up-{n}-{length}-{i}", domain=None,
+                                  dataset="serve", scorer_dataset=UNSCORED, question=question,
+                                  gold=(), forced_mode=modes[i % len(modes)])
+                           for i in range(n)]
+                await asyncio.gather(*(run_episodes_async([r], self.sampler, pool, make_env)
+                                       for r in records))
+                done += n
         return done
+
+    def warm_up_lengths(self) -> tuple[int, ...]:
+        """The canned replies' lengths in router tokens: `WARM_UP_REPLY_SHARES` of the
+        longest observation one reply can become (the protocol's `obs_budget_cap`, or
+        `worker_max_tokens` if lower)."""
+        pc = self.config.protocol
+        longest = min(pc.obs_budget_cap, pc.worker_max_tokens)
+        return tuple(sorted({max(1, round(share * longest)) for share in WARM_UP_REPLY_SHARES}))
 
     def check(self, request: RouteRequest) -> None:
         """ValueError naming the field for a request this service cannot run."""
