@@ -49,10 +49,11 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet
 
-# Two workers, each taking a whole test file at a time (module fixtures stay in one process);
-# the suite's time with and without: bench/RESULTS.md, "Test suite time".
+# Two workers, each taking a whole test file at a time (module fixtures stay in one process),
+# the longest files first (tests/conftest.py, LONGEST_FIRST); the suite's time with and
+# without: bench/RESULTS.md, "Test suite time".
 test: lint docs
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 quickstart: $(STAMP)
 	$(VENV)/bin/routeweaver train --config configs/quickstart.yaml

@@ -15,6 +15,22 @@ import jax
 import pytest
 from tiny_models import make_hf_model
 
+# The files that take longest on 2 cores (minutes each; bench/RESULTS.md, "Test suite time"),
+# collected first: `make test` hands whole files to two workers in collection order
+# (`--dist loadfile --no-loadscope-reorder`), and a long file that started last would leave
+# the other worker idle at the end.
+LONGEST_FIRST = ("test_train_loop.py", "test_sidecar_train.py", "test_vllm_sidecar.py",
+                 "test_stand_in.py", "test_distributed.py", "test_trainer.py", "test_plan.py",
+                 "test_run_safety.py", "test_router_r1_train.py", "test_episode_routeweaver.py",
+                 "test_sidecar_bf16.py", "test_serve.py", "test_eval.py", "test_favourites.py",
+                 "test_plan_step.py", "test_cli.py", "test_workers_vllm.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`LONGEST_FIRST` first, in that order; the rest after, as collected (a stable sort)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 @pytest.fixture(scope="session")
 def devices():

@@ -32,7 +32,7 @@ def test_sandbox_check_without_bubblewrap_is_one_line_and_exit_2(capsys, monkeyp
 
 def test_selfcheck_row(monkeypatch):
     line, ok = sandbox_cmd.sandbox_row()
-    assert ok and line.startswith("isolation full: 8/8 promised guarantees hold")
+    assert ok and line.startswith("isolation full: 9/9 promised guarantees hold")
     monkeypatch.setenv("ROUTEWEAVER_SANDBOX", "namespaces")
     monkeypatch.setattr(jail, "find_bwrap", lambda: None)
     line, ok = sandbox_cmd.sandbox_row()

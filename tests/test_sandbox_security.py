@@ -381,8 +381,9 @@ def test_unavailable_isolation_ends_grading_instead_of_marking_rows_infra():
 
 
 def test_the_harness_is_a_real_module_file():
-    argv = jail.bwrap_argv("bwrap", {}, ["{}"])
+    argv = jail.bwrap_argv("bwrap", {}, ["{}"], seccomp_fd=7)
     assert "-c" not in argv and argv[-2] == jail.HARNESS
+    assert argv[argv.index("--seccomp") + 1] == "7"  # the filter, before the harness runs
     assert f"{jail._CHILD_SOURCE}" in argv and jail._CHILD_SOURCE.is_file()
     # the launcher's staging tmpfs never hides a path the jail binds (a checkout under /tmp)
     assert not any(jail._within(p, jail.stage_dir()) for p in jail.readable_paths())

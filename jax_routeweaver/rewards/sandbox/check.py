@@ -12,6 +12,9 @@ absent, no process with the job's marker is alive):
     leftovers_killed  a double-forked, SIGTERM-ignoring daemon does not outlive the job
     memory_whole_job  the job's processes together hold at most `memory_mb`
     tasks_whole_job   the job's processes together number at most the task limit
+    syscalls_filtered the kernel's side doors (io_uring, keyrings, bpf, ptrace, mount, module
+                      loading, ...) fail with EPERM, and the host sees a seccomp filter on
+                      the job (`syscall_attack`)
 
 `EXPECTED[level]` says which of them the level promises; `check()` runs them all.
 """
@@ -29,6 +32,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from jax_routeweaver.rewards.sandbox import syscall_attack
 from jax_routeweaver.rewards.sandbox.isolation import LEVELS, Level, SandboxError
 from jax_routeweaver.rewards.sandbox.runner import RunResult, Sandbox
 
@@ -36,10 +40,10 @@ __all__ = ["EXPECTED", "GUARANTEES", "Outcome", "check", "format_report"]
 
 _MEMORY_MB = 256
 _ALL = ("host_unreadable", "writes_vanish", "no_network", "no_privilege", "env_clean",
-        "leftovers_killed", "memory_whole_job", "tasks_whole_job")
+        "leftovers_killed", "syscalls_filtered", "memory_whole_job", "tasks_whole_job")
 EXPECTED: dict[Level, tuple[str, ...]] = {
     "full": _ALL,
-    "namespaces": _ALL[:6],
+    "namespaces": _ALL[:7],
     "none": ("env_clean",),
 }
 
@@ -296,9 +300,17 @@ def tasks_whole_job(sb: Sandbox) -> Outcome:
                    f"{forks} processes forked beside the program (limit {sb.nproc} tasks)")
 
 
+def syscalls_filtered(sb: Sandbox) -> Outcome:
+    """The calls of `syscalls.PROBES`, each with arguments that work where no filter
+    refuses them, judged from inside (EPERM) and outside (the job's seccomp state)."""
+    holds, detail, _ = syscall_attack.attack(lambda program: _run(sb, program).stdout)
+    return Outcome("syscalls_filtered", holds, detail)
+
+
 GUARANTEES: dict[str, Callable[[Sandbox], Outcome]] = {
     f.__name__: f for f in (host_unreadable, writes_vanish, no_network, no_privilege,
-                            env_clean, leftovers_killed, memory_whole_job, tasks_whole_job)}
+                            env_clean, leftovers_killed, syscalls_filtered, memory_whole_job,
+                            tasks_whole_job)}
 
 
 def check(sb: Sandbox) -> list[Outcome]:

@@ -160,10 +160,13 @@ def run_functional(payload, out):
 
 
 def probe(payload):
-    """What the child sees: its uid, network interfaces, whether the stdlib imports and the
-    working directory takes a file."""
+    """What the child sees: its uid, network interfaces, its seccomp mode (2: a filter),
+    whether the stdlib imports and the working directory takes a file."""
     import socket
     report = {"uid": os.getuid(), "ifaces": sorted(n for _, n in socket.if_nameindex())}
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    report["seccomp"] = status.get("Seccomp", "").strip()
     try:
         import decimal  # noqa: F401  (not imported yet: read from the stdlib now)
         import fractions  # noqa: F401

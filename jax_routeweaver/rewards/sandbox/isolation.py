@@ -93,6 +93,9 @@ def probe(iso: Isolation, spawn: Callable[..., RawResult]) -> list[str]:
     problems = []
     if raw.returncode != 0:
         problems.append(f"the probe exited with {raw.returncode}")
+    if iso.jailed and report.get("seccomp") != "2":
+        problems.append(f"the jail's seccomp filter is not in force (Seccomp: "
+                        f"{report.get('seccomp')!r})")
     if report.get("ifaces") != ["lo"]:
         problems.append(f"network interfaces in the jail: {report.get('ifaces')}")
     if not report.get("imports"):

@@ -18,10 +18,12 @@ Nothing else of the host exists inside: no /etc, no home directories, no project
 no data files, no other process. Namespaces: user (no capabilities, nested user namespaces
 refused), mount, PID (the job's processes die with its init), network (its own loopback
 only; abstract unix sockets are per network namespace), IPC, UTS and cgroup. Everything
-written lives in the jail's tmpfs and is gone when the job ends.
+written lives in the jail's tmpfs and is gone when the job ends. System calls: the seccomp
+allow-list of `syscalls` (others fail with EPERM).
 
-`launcher_argv` wraps that command in `launch.py`, which joins the job's cgroups and, when
-this process is root, drops to a fresh unprivileged uid first (`fresh_uid`): bubblewrap then
+`launcher_argv` wraps that command in `launch.py`, which joins the job's cgroups, gives the
+job a fresh session keyring and, when this process is root, drops to a fresh unprivileged
+uid first (`fresh_uid`): bubblewrap then
 runs unprivileged and its user namespace maps the job to that uid, never to root. Host
 directories that uid cannot enter but the jail needs (`exposures`) are re-exposed in a
 private mount namespace, holding only those paths.
@@ -173,14 +175,16 @@ def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def bwrap_argv(bwrap: str, env: Mapping[str, str], args: list[str], *,
+def bwrap_argv(bwrap: str, env: Mapping[str, str], args: list[str], *, seccomp_fd: int,
                user_namespace: bool = True) -> list[str]:
-    """The command line that runs the harness with `args` inside a fresh jail.
+    """The command line that runs the harness with `args` inside a fresh jail, under the
+    seccomp filter that bubblewrap reads from the inherited descriptor `seccomp_fd`
+    (`syscalls`: a compiled BPF program, installed just before the harness starts).
 
     `user_namespace` False leaves out `--unshare-user` (for hosts that forbid user namespaces
     to this user while allowing bwrap's other namespaces, e.g. a setuid bwrap)."""
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--hostname", "sandbox", "--clearenv"]
+            "--hostname", "sandbox", "--clearenv", "--seccomp", str(seccomp_fd)]
     if user_namespace:
         argv += ["--unshare-user", "--disable-userns", "--uid", str(_SANDBOX_UID),
                  "--gid", str(_SANDBOX_UID)]

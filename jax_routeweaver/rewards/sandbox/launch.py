@@ -11,18 +11,23 @@ Run as `python -S -I launch.py CONFIG_JSON` (standard library only; CONFIG is bu
    supplementary group. The jail's user namespace then maps its uid to this unprivileged
    host uid, never to root (a process whose host uid is root may write /proc/sys and other
    files that check the uid alone);
-3. `execv` bubblewrap (`argv`).
+3. join a fresh, empty session keyring (`fresh_keyring`): the job possesses none of the
+   trainer's keys (its seccomp filter refuses the keyring calls too);
+4. `execv` bubblewrap (`argv`).
 
 Any failure exits with code 96 and one line on stderr, before the harness is ready: the
 sandbox reports it as a set-up failure (`SandboxError`).
 """
 
 import ctypes
+import errno
 import json
 import os
 import sys
 
 LAUNCH_FAILED = 96
+KEYCTL_GET_KEYRING_ID, KEYCTL_JOIN_SESSION_KEYRING, KEY_SPEC_SESSION_KEYRING = 0, 1, -3
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}  # the keyctl syscall's number
 CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
 
@@ -68,6 +73,24 @@ def expose(libc, groups, stage_dir):
             libc_call(libc, "mount", stage.encode(), path.encode(), None, MS_MOVE, None)
 
 
+def fresh_keyring(libc):
+    """Join a new anonymous session keyring. Where keyrings are closed to this process (a
+    host's own seccomp profile refuses keyctl: EPERM or ENOSYS), the job inherits that
+    refusal; then check that the session keyring is indeed out of reach, else fail."""
+    nr = SYS_KEYCTL.get(os.uname().machine)
+    if nr is None:
+        fail(f"no keyctl number known for {os.uname().machine}")
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING),
+                    ctypes.c_void_p(None)) >= 0:
+        return
+    err = ctypes.get_errno()
+    reached = libc.syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_GET_KEYRING_ID),
+                           ctypes.c_long(KEY_SPEC_SESSION_KEYRING), ctypes.c_long(0)) >= 0
+    if err not in (errno.EPERM, errno.ENOSYS) or reached:
+        fail(f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
+
+
 def main():
     config = json.loads(sys.argv[1])
     try:
@@ -75,8 +98,8 @@ def main():
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
         uid = config["uid"]
+        libc = ctypes.CDLL(None, use_errno=True)
         if uid is not None:
-            libc = ctypes.CDLL(None, use_errno=True)
             libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
             if config["expose"]:
                 expose(libc, config["expose"], config["stage"])
@@ -85,6 +108,7 @@ def main():
             os.setresuid(uid, uid, uid)
             if os.getresuid() != (uid, uid, uid):
                 fail("the uid drop did not take")
+        fresh_keyring(libc)
         os.execv(config["argv"][0], config["argv"])
     except OSError as e:
         fail(repr(e))

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from jax_routeweaver.rewards.sandbox import jail
+from jax_routeweaver.rewards.sandbox import jail, syscalls
 from jax_routeweaver.rewards.sandbox.cgroup import CgroupUnavailable, JobCgroups
 from jax_routeweaver.rewards.sandbox.isolation import (
     Isolation,
@@ -399,7 +399,7 @@ class Sandbox:
         and stdin travel in anonymous files (inherited descriptors)."""
         mb = min(memory_mb or self.memory.total_mb, self.memory.total_mb)
         with self.memory.hold(mb), tempfile.TemporaryFile() as stdin_file, \
-                tempfile.TemporaryFile() as pay_file:
+                tempfile.TemporaryFile() as pay_file, _seccomp_filter(iso) as seccomp:
             stdin_file.write(stdin)
             stdin_file.seek(0)
             pay_file.write(json.dumps(payload).encode())
@@ -414,9 +414,10 @@ class Sandbox:
                                                               dir=self.tmp_root)
             try:
                 if iso.jailed:
+                    assert seccomp is not None
                     argv = jail.launcher_argv(
                         jail.bwrap_argv(iso.bwrap or "bwrap", child_env(jail.WORKDIR),
-                                        [config]),
+                                        [config], seccomp_fd=seccomp.fileno()),
                         cgroup_procs=group.procs_files if group is not None else (),
                         uid=jail.fresh_uid() if os.geteuid() == 0 else None)
                     cwd, env = "/", {"PATH": _LAUNCHER_PATH}
@@ -429,7 +430,8 @@ class Sandbox:
                     proc = subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, cwd=cwd, env=env,
                                             start_new_session=True, close_fds=True,
-                                            pass_fds=(pay_file.fileno(),))
+                                            pass_fds=(pay_file.fileno(),
+                                                      *([seccomp.fileno()] if seccomp else [])))
                 except OSError as exc:
                     raise SandboxError(f"sandbox child did not start: {exc}") from exc
                 try:
@@ -448,6 +450,17 @@ class Sandbox:
             raw.returncode = 128 - raw.returncode  # bwrap reports a signal as 128 + signo
         raw.oom_killed = oom
         return raw
+
+
+def _seccomp_filter(iso: Isolation) -> contextlib.AbstractContextManager[Any]:
+    """The job's seccomp filter, opened for bubblewrap to read (jailed levels; a missing
+    filter is a `SandboxError`: no job runs without it), else None."""
+    if not iso.jailed:
+        return contextlib.nullcontext()
+    try:
+        return open(syscalls.filter_files()[0], "rb")
+    except OSError as exc:
+        raise SandboxError(f"sandbox: {exc}") from exc
 
 
 # ============================================================================ module level
