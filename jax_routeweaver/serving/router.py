@@ -152,10 +152,11 @@ class RouterService:
         contexts grow as real replies make them). Returns the episodes run."""
         modes = (None, *FORCED_MODES)
         make_env = self._factory(self.served, self.config.protocol.worker_max_tokens)
+        pools = [WarmUpPool(self.pool, warm_up_reply(self.tokenizer, length))
+                 for length in self.warm_up_lengths()]
         done = 0
         for n in rows:
-            for length in self.warm_up_lengths():
-                pool = WarmUpPool(self.pool, warm_up_reply(self.tokenizer, length))
+            for length, pool in zip(self.warm_up_lengths(), pools, strict=True):
                 records = [Record(sample_id=f"warm-up-{n}-{length}-{i}", domain=None,
                                   dataset="serve", scorer_dataset=UNSCORED, question=question,
                                   gold=(), forced_mode=modes[i % len(modes)])

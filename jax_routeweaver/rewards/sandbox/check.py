@@ -303,7 +303,8 @@ def tasks_whole_job(sb: Sandbox) -> Outcome:
 def syscalls_filtered(sb: Sandbox) -> Outcome:
     """The calls of `syscalls.PROBES`, each with arguments that work where no filter
     refuses them, judged from inside (EPERM) and outside (the job's seccomp state)."""
-    holds, detail, _ = syscall_attack.attack(lambda program: _run(sb, program).stdout)
+    holds, detail, _ = syscall_attack.attack(lambda program: _run(sb, program).stdout,
+                                             _processes_with)
     return Outcome("syscalls_filtered", holds, detail)
 
 

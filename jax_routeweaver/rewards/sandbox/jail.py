@@ -43,6 +43,8 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from jax_routeweaver.rewards.sandbox import syscalls
+
 __all__ = ["HARNESS", "SCRATCH_BYTES", "WORKDIR", "bwrap_argv", "exposures", "find_bwrap",
            "fresh_uid", "launcher_argv", "readable_paths"]
 
@@ -167,7 +169,8 @@ def launcher_argv(jail_argv: Sequence[str], *, cgroup_procs: Sequence[str],
     """`jail_argv` started by `launch.py`: cgroups joined, then (root only) the uid drop."""
     expose = [[h, list(p)] for h, p in exposures()] if uid is not None else []
     config = {"cgroup_procs": list(cgroup_procs), "uid": uid, "argv": list(jail_argv),
-              "expose": expose, "stage": stage_dir() if expose else None}
+              "expose": expose, "stage": stage_dir() if expose else None,
+              "keyctl": syscalls.filter_files()[1]["probes"]["keyctl"]}
     return [interpreter(), "-S", "-I", str(_LAUNCHER), json.dumps(config)]
 
 

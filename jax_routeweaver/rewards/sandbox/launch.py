@@ -27,7 +27,6 @@ import sys
 
 LAUNCH_FAILED = 96
 KEYCTL_GET_KEYRING_ID, KEYCTL_JOIN_SESSION_KEYRING, KEY_SPEC_SESSION_KEYRING = 0, 1, -3
-SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}  # the keyctl syscall's number
 CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
 
@@ -73,13 +72,11 @@ def expose(libc, groups, stage_dir):
             libc_call(libc, "mount", stage.encode(), path.encode(), None, MS_MOVE, None)
 
 
-def fresh_keyring(libc):
-    """Join a new anonymous session keyring. Where keyrings are closed to this process (a
-    host's own seccomp profile refuses keyctl: EPERM or ENOSYS), the job inherits that
-    refusal; then check that the session keyring is indeed out of reach, else fail."""
-    nr = SYS_KEYCTL.get(os.uname().machine)
-    if nr is None:
-        fail(f"no keyctl number known for {os.uname().machine}")
+def fresh_keyring(libc, nr):
+    """Join a new anonymous session keyring (`nr`: keyctl's number on this machine). Where
+    keyrings are closed to this process (a host's own seccomp profile refuses keyctl: EPERM
+    or ENOSYS), the job inherits that refusal; then check that the session keyring is
+    indeed out of reach, else fail."""
     libc.syscall.restype = ctypes.c_long
     if libc.syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING),
                     ctypes.c_void_p(None)) >= 0:
@@ -108,7 +105,7 @@ def main():
             os.setresuid(uid, uid, uid)
             if os.getresuid() != (uid, uid, uid):
                 fail("the uid drop did not take")
-        fresh_keyring(libc)
+        fresh_keyring(libc, config["keyctl"])
         os.execv(config["argv"][0], config["argv"])
     except OSError as e:
         fail(repr(e))

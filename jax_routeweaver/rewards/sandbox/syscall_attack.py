@@ -19,6 +19,7 @@ import secrets
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,16 +84,18 @@ print(json.dumps(out))
 """
 
 
-def attack(run: Any, *, wait_s: float = 2.0) -> tuple[bool, str, dict[str, Any]]:
+def attack(run: Callable[[str], str], find: Callable[[str], list[int]], *,
+           wait_s: float = 2.0) -> tuple[bool, str, dict[str, Any]]:
     """(holds, detail, what was seen) of the attack, with `run(program)` running one job
-    and returning its stdout (on a thread while the host watches)."""
+    and returning its stdout (on a thread while the host watches) and `find(name)` the
+    host pids of processes named `name`."""
     marker = f"rws{secrets.token_hex(4)}"  # the job's process name (15 characters at most)
     _, meta = syscalls.filter_files()
     program = PROGRAM.format(numbers=meta["probes"], marker=marker.encode(), wait_s=wait_s)
     stdout: list[str] = []
     job = threading.Thread(target=lambda: stdout.append(run(textwrap.dedent(program))))
     job.start()
-    seen = _seccomp_of(marker, deadline=time.monotonic() + wait_s + 8.0)
+    seen = _seccomp_of(marker, find, deadline=time.monotonic() + wait_s + 8.0)
     job.join(60)
     lines = stdout[0].strip().splitlines() if stdout else []
     calls = json.loads(lines[-1]) if lines else {}
@@ -107,19 +110,16 @@ def attack(run: Any, *, wait_s: float = 2.0) -> tuple[bool, str, dict[str, Any]]
     return holds, detail, {"calls": calls, "status": seen}
 
 
-def _seccomp_of(marker: str, deadline: float) -> dict[str, str]:
-    """`Seccomp` and `Seccomp_filters` of the host process named `marker` (the first seen
-    before `deadline`; {} if none)."""
-    proc = Path("/proc")
+def _seccomp_of(marker: str, find: Callable[[str], list[int]], deadline: float
+                ) -> dict[str, str]:
+    """`Seccomp` and `Seccomp_filters` of the first host process named `marker` (`find`: its
+    pids) seen before `deadline`; {} if none."""
     while time.monotonic() < deadline:
-        for entry in proc.iterdir():
-            if not entry.name.isdigit():
-                continue
+        for pid in find(marker):
             with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() != marker:
-                    continue
                 status = dict(line.split(":", 1) for line in
-                              (entry / "status").read_text().splitlines() if ":" in line)
+                              Path(f"/proc/{pid}/status").read_text().splitlines()
+                              if ":" in line)
                 return {k: status.get(k, "").strip() for k in ("Seccomp", "Seccomp_filters")}
         time.sleep(0.05)
     return {}

@@ -30,6 +30,7 @@ checks that the files allow exactly `ALLOWED`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -110,9 +111,13 @@ def machine() -> str | None:
 
 def filter_files(name: str | None = None) -> tuple[Path, dict[str, Any]]:
     """(the BPF program, its json: allowed and probe numbers) for architecture `name`
-    (default: this host's). OSError saying so when there is none: the jail never runs
-    without its filter."""
-    name = name or machine()
+    (default: this host's), read once. OSError saying so when there is none: the jail never
+    runs without its filter."""
+    return _filter_files(name or machine())
+
+
+@functools.cache
+def _filter_files(name: str | None) -> tuple[Path, dict[str, Any]]:
     bpf = FILTER_DIR / f"{name}.bpf"
     if name is None or not bpf.is_file():
         raise OSError(f"no seccomp filter for this architecture ({os.uname().machine}); "
