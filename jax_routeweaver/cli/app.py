@@ -97,5 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # what the host lacks for the code sandbox.
         if args.traceback:
             raise
-        print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)
+        # A refused run names every problem on its one line: let it be long.
+        limit = 4000 if type(e).__name__ == "PreflightError" else 1000
+        print(f"{PROG}: error: {one_line(e, limit)}", file=sys.stderr)
         return EXIT_ERROR

@@ -7,6 +7,7 @@ import argparse
 
 from jax_routeweaver.cli.common import PROG, Command, one_line
 from jax_routeweaver.rewards.sandbox import Sandbox, SandboxError
+from jax_routeweaver.rewards.sandbox.isolation import REQUESTS
 
 
 def _sandbox_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,8 +18,9 @@ def _sandbox_arguments(p: argparse.ArgumentParser) -> None:
                                    "each attack of jax_routeweaver/rewards/sandbox/check.py "
                                    "against one level. Exit 1 if a guarantee it promises "
                                    "does not hold, 2 if the level is not available.")
-    c.add_argument("--isolation", choices=("full", "namespaces", "none"), default=None,
-                   help="the level to attack (default: $ROUTEWEAVER_SANDBOX, else full)")
+    c.add_argument("--isolation", choices=REQUESTS, default=None,
+                   help="the level to attack, or the strongest this host gives (default: "
+                        "$ROUTEWEAVER_SANDBOX, else full)")
 
 
 def _sandbox(args: argparse.Namespace) -> int:

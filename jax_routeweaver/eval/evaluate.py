@@ -66,6 +66,7 @@ from jax_routeweaver.eval import report
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.models.tokenizer import load_tokenizer
+from jax_routeweaver.rewards.sandbox import configure_default_sandbox
 from jax_routeweaver.rl.builders import (
     build_pool,
     build_sampler,
@@ -84,6 +85,7 @@ from jax_routeweaver.rl.checkpoint import (
 )
 from jax_routeweaver.rl.loop import CONFIG_FILE
 from jax_routeweaver.rl.pool_check import check_run_pool
+from jax_routeweaver.rl.preflight import run_isolation
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
 from jax_routeweaver.routing.channels import load_channels
@@ -562,6 +564,9 @@ class Evaluator:
                  eval_sets: Sequence[EvalSet] | None = None, console: Console | None = None):
         if pool is None:  # before anything is loaded or written
             check_run_pool(cfg, network=base.replay != "replay")
+            # The scorers' sandbox at the run's level (the strongest the host gives for the
+            # simulated pool's own code; "full" for real workers' unless the user says less).
+            configure_default_sandbox(run_isolation(cfg))
         self.cfg, self.base, self.console = cfg, base, console or Console()
         self.ckpt = resolve_checkpoint(base.checkpoint)
         self.sets = list(eval_sets) if eval_sets is not None \

@@ -166,6 +166,19 @@ class ModelConfig:
         scaling = dict(self.rope_scaling)
         return scaling.get("rope_type", scaling.get("type", "default"))
 
+    @property
+    def param_count(self) -> int:
+        """Parameters of a `Qwen3` of this config: the embedding V x D, the LM head V x D
+        unless tied, the final norm D, and per layer the attention (q, k, v, o: D x H x
+        (2 N + 2 K); q and k norms 2 H; biases H x (N + 2 K)), the MLP 3 D x F and two norms."""
+        D, F, H = self.hidden_size, self.intermediate_size, self.head_dim
+        N, K = self.num_heads, self.num_kv_heads
+        layer = D * H * (2 * N + 2 * K) + 3 * D * F + 2 * D
+        layer += 2 * H if self.qk_norm else 0
+        layer += H * (N + 2 * K) if self.qkv_bias else 0
+        embed = self.vocab_size * D * (1 if self.tie_word_embeddings else 2)
+        return embed + D + self.num_layers * layer
+
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 

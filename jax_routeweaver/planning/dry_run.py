@@ -44,11 +44,10 @@ from jax_routeweaver.planning.memory import (
 )
 from jax_routeweaver.planning.rollout import RolloutSettings, RolloutShape, replica_dtype
 from jax_routeweaver.planning.step import StepPlan, TrainFigures, step_plan
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, latest_step
+from jax_routeweaver.rl.builders import router_architecture
+from jax_routeweaver.rl.checkpoint import StateCheckpointer
 from jax_routeweaver.rl.pool_check import pool_checks
-from jax_routeweaver.rl.train_config import RANDOM_INITS, TrainConfig
-
-QWEN3_VOCAB = 151_936
+from jax_routeweaver.rl.train_config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,38 +58,6 @@ class Check:
     target: str
     ok: bool
     detail: str
-
-
-def architecture(cfg: TrainConfig) -> tuple[ModelConfig, str]:
-    """The router's architecture and where it came from: the random-init fields (vocab: the
-    Qwen3 vocabulary unless set; a pruned tokenizer is smaller, so the estimate errs high),
-    ``model.path`` (init hf), an HF dir or orbax policy checkpoint given as ``init`` — or,
-    for a policy checkpoint not written yet (a later arm of a multi-arm run), the HF
-    directory given as ``model.tokenizer``."""
-    m = cfg.model
-    if m.init in RANDOM_INITS:
-        return ModelConfig(**{"vocab_size": QWEN3_VOCAB, **m.random}), "model.random"
-    hf = Path(m.path) / "config.json"
-    if m.init == "hf":
-        source = hf
-    elif (Path(m.init) / "config.json").is_file():
-        source = Path(m.init) / "config.json"
-    elif latest_step(m.init) is not None:
-        ckpt = PolicyCheckpointer(m.init)
-        try:
-            return ckpt.read_config(), f"{m.init} (policy step {ckpt.latest_step()})"
-        finally:
-            ckpt.close()
-    elif (Path(m.tokenizer) / "config.json").is_file():
-        source = Path(m.tokenizer) / "config.json"
-        return ModelConfig.from_hf(source), f"{source} (model.init {m.init} has no step yet)"
-    else:
-        raise FileNotFoundError(f"model.init: {m.init} is neither an HF directory nor an orbax "
-                                "policy checkpoint with a step, and model.tokenizer has no "
-                                "config.json to plan from")
-    if not source.is_file():
-        raise FileNotFoundError(f"model.path: {source} not found")
-    return ModelConfig.from_hf(source), str(source)
 
 
 def input_checks(cfg: TrainConfig) -> list[Check]:
@@ -149,7 +116,7 @@ def dry_run(cfg: TrainConfig, console: Console, *, plan: bool = True,
     mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), devices)
     shape = tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor"))
     console.print(f"mesh (data, fsdp, tensor): {shape}")
-    arch, source = architecture(cfg)
+    arch, source = router_architecture(cfg)
     console.print(f"router: {arch.num_layers} layers, hidden {arch.hidden_size}, vocab "
                   f"{arch.vocab_size}, tied {arch.tie_word_embeddings} ({source}); params "
                   f"{cfg.model.param_dtype}, compute {cfg.model.dtype}, remat {cfg.model.remat}")

@@ -55,6 +55,7 @@ __all__ = [
     "code_verdict",
     "execution_verdict",
     "math_program",
+    "runs_programs",
 ]
 
 EXECUTOR_ROLE = "executor"
@@ -134,3 +135,11 @@ def execution_verdict(reply: str, *, role: str | None, scorer_dataset: str,
     """`aexecution_verdict` for synchronous callers (not from inside a running event loop)."""
     return asyncio.run(aexecution_verdict(reply, role=role, scorer_dataset=scorer_dataset,
                                           meta=meta, sandbox=sandbox))
+
+
+def runs_programs(scorer_dataset: str, execution_feedback: bool) -> bool:
+    """True if a row graded by `scorer_dataset` runs programs in the sandbox: its scorer runs
+    the answer against tests (CODE), or, with `execution_feedback`, its executors' python is
+    run (MATH)."""
+    return scorer_dataset in CODE_SCORERS or (
+        execution_feedback and scorer_dataset in MATH_EXEC_SCORERS)

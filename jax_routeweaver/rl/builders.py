@@ -27,7 +27,7 @@ from jax_routeweaver.models.tokenizer import (
     prune_tokenizer,
 )
 from jax_routeweaver.rl import stand_in
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, restore_policy
+from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, latest_step, restore_policy
 from jax_routeweaver.rl.demonstrations import demonstrations
 from jax_routeweaver.rl.dialect import Dialect
 from jax_routeweaver.rl.pool_check import check_run_pool
@@ -44,6 +44,8 @@ from jax_routeweaver.routing.workers import HttpWorkerPool
 from jax_routeweaver.sampling.constraints import GrammarConstraints
 from jax_routeweaver.sampling.dense_buckets import DEFAULT_BATCH_BUCKETS
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
+
+QWEN3_VOCAB = 151_936  # the Qwen3 checkpoints' embedding rows (the tokenizer's, padded)
 
 
 def dialect_for(cfg: TrainConfig) -> Dialect:
@@ -211,6 +213,38 @@ def hf_context(directory: Path, what: str = "") -> tuple[int, str]:
                                 "directory (no config.json)")
     positions = ModelConfig.from_hf(config).max_position_embeddings
     return positions, f"max_position_embeddings={positions} of {config}"
+
+
+def router_architecture(cfg: TrainConfig) -> tuple[ModelConfig, str]:
+    """The router's architecture and where it came from: the random-init fields (vocab: the
+    Qwen3 vocabulary unless set; a pruned tokenizer is smaller, so the estimate errs high),
+    ``model.path`` (init hf), an HF dir or orbax policy checkpoint given as ``init`` — or,
+    for a policy checkpoint not written yet (a later arm of a multi-arm run), the HF
+    directory given as ``model.tokenizer``."""
+    m = cfg.model
+    if m.init in RANDOM_INITS:
+        return ModelConfig(**{"vocab_size": QWEN3_VOCAB, **m.random}), "model.random"
+    hf = Path(m.path) / "config.json"
+    if m.init == "hf":
+        source = hf
+    elif (Path(m.init) / "config.json").is_file():
+        source = Path(m.init) / "config.json"
+    elif latest_step(m.init) is not None:
+        ckpt = PolicyCheckpointer(m.init)
+        try:
+            return ckpt.read_config(), f"{m.init} (policy step {ckpt.latest_step()})"
+        finally:
+            ckpt.close()
+    elif (Path(m.tokenizer) / "config.json").is_file():
+        source = Path(m.tokenizer) / "config.json"
+        return ModelConfig.from_hf(source), f"{source} (model.init {m.init} has no step yet)"
+    else:
+        raise FileNotFoundError(f"model.init: {m.init} is neither an HF directory nor an orbax "
+                                "policy checkpoint with a step, and model.tokenizer has no "
+                                "config.json to plan from")
+    if not source.is_file():
+        raise FileNotFoundError(f"model.path: {source} not found")
+    return ModelConfig.from_hf(source), str(source)
 
 
 def router_context(cfg: TrainConfig, tokenizer: Any) -> tuple[int, str]:

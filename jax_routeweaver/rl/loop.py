@@ -47,16 +47,15 @@ from jax_routeweaver.rl.batch import (
 from jax_routeweaver.rl.builders import (
     build_policy,
     build_pool,
-    build_records,
     build_sampler,
     build_tokenizer,
     build_trainer,
     dialect_for,
 )
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer, list_steps
+from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer
 from jax_routeweaver.rl.critic import Critic
 from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
-from jax_routeweaver.rl.pool_check import check_run_pool
+from jax_routeweaver.rl.preflight import preflight
 from jax_routeweaver.rl.provenance import provenance
 from jax_routeweaver.rl.replica import HostReplicas, replica_model
 from jax_routeweaver.rl.routeweaver_run import declaration_rows
@@ -136,9 +135,9 @@ class _Run:
     """The live objects of one run, kept together so `run_step` reads like docs/design.md,
     "One RL step". What differs between RouteWeaver and Router-R1 sits behind `dialect`."""
 
-    def __init__(self, cfg: TrainConfig, console: Console,
+    def __init__(self, cfg: TrainConfig, console: Console, records: list[Record],
                  runtime: distributed.Runtime | None = None):
-        self.cfg, self.console = cfg, console
+        self.cfg, self.console, self.records = cfg, console, records
         self.sidecar: Sidecar | None = None
         try:
             self._build(runtime)
@@ -154,7 +153,6 @@ class _Run:
         cfg = self.cfg
         self.runtime = runtime or distributed.Runtime()
         self.out = Path(cfg.out_dir)
-        self.records = build_records(cfg, self.console)
         self.dialect = dialect_for(cfg)
         pool = build_pool(cfg, self.records, check=False)  # train() checked it
         self.pool = self.dialect.worker_pool(pool)
@@ -490,34 +488,23 @@ class _Run:
         self.events.close()
 
 
-def check_run_dir(cfg: TrainConfig) -> None:
-    """Refuse, before anything is built or written, a run directory this config cannot
-    continue: ValueError naming `cfg.out_dir` if it resumes and its newest full train state
-    is past ``steps`` (the run already trained more steps than asked)."""
-    out = Path(cfg.out_dir)
-    full = list_steps(out / "checkpoints" / "state") if cfg.checkpoint.resume else []
-    if full and full[-1] > cfg.steps:
-        raise ValueError(f"{out}: the run already has {full[-1]} steps, more than "
-                         f"steps={cfg.steps}; give steps > {full[-1]} to continue it, or a "
-                         "new out_dir")
-
-
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     """Run `cfg.steps` RL steps (resuming a run in `cfg.out_dir` when allowed). Multi-host
     (see `rl.distributed`): every process runs this; each rolls out its share of the queries,
     all write the orbax checkpoints, and only process 0 writes the config, logs and plots.
 
-    Everything is checked before the run's record is written (`check_run_dir`, the data,
-    the model, the restored state): a run that fails to start leaves an existing run
-    directory's config.yaml, tokenizer and checkpoints as they were."""
+    Everything that can stop it is checked in its first seconds, before anything is built
+    (`rl.preflight`: the run directory, the pool, the data, directories, disk, the sandbox),
+    and the model and restored state before the run's record is written: a run that fails to
+    start leaves an existing run directory's config.yaml, tokenizer and checkpoints as they
+    were."""
     console = console or Console()
     runtime = distributed.initialize()
     main = runtime.is_main
     out = Path(cfg.out_dir)
-    check_run_dir(cfg)
-    check_run_pool(cfg)  # before the run directory exists: a refused pool leaves nothing
+    records = preflight(cfg, console)  # before the run directory exists: a refusal leaves nothing
     out.mkdir(parents=True, exist_ok=True)
-    run = _Run(cfg, console, runtime)
+    run = _Run(cfg, console, records, runtime)
     try:
         resumed = run.resume()
         run.write_record()

@@ -20,6 +20,7 @@ What each isolation level guarantees, and on which host set-up: docs/sandbox.md.
 
 from jax_routeweaver.rewards.sandbox.isolation import (
     ISOLATION_ENV,
+    STRONGEST,
     Isolation,
     IsolationUnavailable,
     SandboxError,
@@ -29,6 +30,7 @@ from jax_routeweaver.rewards.sandbox.runner import (
     FunctionRunResult,
     RunResult,
     Sandbox,
+    configure_default_sandbox,
     default_sandbox,
     run_function,
     run_python,
@@ -36,6 +38,7 @@ from jax_routeweaver.rewards.sandbox.runner import (
 
 __all__ = [
     "ISOLATION_ENV",
+    "STRONGEST",
     "CallResult",
     "FunctionRunResult",
     "Isolation",
@@ -43,6 +46,7 @@ __all__ = [
     "RunResult",
     "Sandbox",
     "SandboxError",
+    "configure_default_sandbox",
     "default_sandbox",
     "run_function",
     "run_python",

@@ -8,13 +8,21 @@ job's cgroup before the jail starts, so the limits hold for their sum, not per p
     pids     at most `pids` tasks (processes and threads) alive at once: a fork bomb stalls
     cpu      at most one CPU's worth of time per period (where the cpu controller is there)
 
-Both cgroup layouts are supported. v2 (unified): the job groups live under
-`<parent of this process's cgroup>/routeweaver-sandbox-<pid>-<random>/` (a sibling of our
-own cgroup, since a v2 cgroup that holds processes cannot enable controllers for children),
-or under the root when this process sits in the root. v1 (one hierarchy per controller):
-under `<controller mount>/<this process's cgroup>/routeweaver-sandbox-<pid>-<random>/`.
-Either needs write access there: root, or a delegated subtree. Directories left by a dead
-process are removed by the next sandbox that starts. `CgroupUnavailable` says what is missing.
+Both cgroup layouts are supported, wherever this process may write (`_find_layout`):
+
+    v1 (one hierarchy per controller): under `<controller mount>/<this process's cgroup>/`,
+        which root, or an administrator's delegation (the directory chowned to the user, as
+        `cgcreate -a -t` does), makes writable.
+    v2 (unified), as root or where the parent is delegated: a sibling of this process's own
+        cgroup, `<parent>/routeweaver-sandbox-<pid>-<random>/` (a v2 cgroup that holds
+        processes cannot enable controllers for children); in the root cgroup, under it.
+    v2, own cgroup delegated (`systemd-run --user --scope -p Delegate=yes`, a systemd user
+        service with `Delegate=yes`, a container's own cgroup namespace): this cgroup's
+        processes first move into its leaf child `routeweaver-leaf/`, then the controllers are
+        enabled for its children and the job groups made beside the leaf.
+
+`CgroupUnavailable` says, for each layout, what is missing. Directories left by a dead process
+are removed by the next sandbox that starts.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["CgroupUnavailable", "JobCgroup", "JobCgroups"]
+__all__ = ["LEAF", "CgroupUnavailable", "JobCgroup", "JobCgroups"]
 
 _MOUNTINFO = "/proc/self/mountinfo"
 _PREFIX = "routeweaver-sandbox-"
+LEAF = "routeweaver-leaf"  # where a delegated v2 cgroup's own processes move
 _CPU_PERIOD_US = 100_000
 
 
@@ -95,11 +104,25 @@ class JobCgroup:
                     time.sleep(0.005)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where the job groups go: cgroup `version`, controller -> sandbox parent directory
+    (`bases`), the `controllers` to limit, and `delegated`: the v2 cgroup of this process
+    whose processes must move into a leaf before it can enable controllers (else None)."""
+
+    version: int
+    bases: dict[str, Path]
+    controllers: tuple[str, ...]
+    delegated: Path | None = None
+
+
 class JobCgroups:
     """Makes and configures one `JobCgroup` per job under this process's sandbox parent."""
 
     def __init__(self) -> None:
-        self._version, self._bases, self._controllers = _find_bases()
+        self._layout = _find_layout()
+        self._version, self._bases = self._layout.version, self._layout.bases
+        self._controllers = self._layout.controllers
         self._counter = itertools.count()
         self._lock = threading.Lock()
         self._ready = False
@@ -141,7 +164,9 @@ class JobCgroups:
             _remove_stale(base.parent)
         enable = " ".join("+" + c for c in self._controllers)
         try:
-            if self._version == 2:  # the root cgroup may not delegate them yet
+            if self._layout.delegated is not None:
+                _move_to_leaf(self._layout.delegated)
+            if self._version == 2:  # the parent may not delegate them yet
                 with contextlib.suppress(OSError):
                     base = next(iter(self._bases.values()))
                     (base.parent / "cgroup.subtree_control").write_text(enable)
@@ -214,38 +239,83 @@ def _own_cgroups() -> dict[str, str]:
     return out
 
 
-def _find_bases() -> tuple[int, dict[str, Path], tuple[str, ...]]:
-    """(version, controller -> sandbox parent dir, controllers) for this host."""
+def _move_to_leaf(group: Path) -> None:
+    """Move every process of the v2 cgroup `group` into its child `LEAF`, so that `group`
+    holds none and may enable controllers for its children (cgroup v2's rule)."""
+    leaf = group / LEAF
+    leaf.mkdir(mode=0o755, exist_ok=True)
+    for pid in (group / "cgroup.procs").read_text().split():
+        try:
+            (leaf / "cgroup.procs").write_text(pid)
+        except ProcessLookupError:  # it exited meanwhile
+            continue
+
+
+def _writable(*paths: Path) -> bool:
+    return all(os.access(p, os.W_OK) for p in paths)
+
+
+def _controllers_in(path: Path) -> set[str]:
+    try:
+        return set(path.read_text().split())
+    except OSError:
+        return set()
+
+
+def _find_layout() -> _Layout:
+    """The first layout (module doc) this process may write, or `CgroupUnavailable` saying
+    what each lacks."""
     try:
         mounts, own = _mounts(), _own_cgroups()
     except OSError as exc:
         raise CgroupUnavailable(f"cannot read the cgroup mounts: {exc}") from exc
     tag = f"{_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"  # one per JobCgroups
+    uid, missing = os.geteuid(), []
     v1: dict[str, Path] = {}
     for point, fstype, opts, root in mounts:
         if fstype != "cgroup":
             continue
         for controller in ("memory", "pids", "cpu"):
             if controller in opts and controller in own and controller not in v1:
-                v1[controller] = _under(point, root, own[controller]) / tag
+                v1[controller] = _under(point, root, own[controller])
     if "memory" in v1 and "pids" in v1:
-        return 1, v1, tuple(v1)
+        closed = sorted({str(d) for d in v1.values() if not _writable(d)})
+        if not closed:
+            return _Layout(1, {c: d / tag for c, d in v1.items()}, tuple(v1))
+        missing.append(f"cgroup v1: {', '.join(closed)} not writable by uid {uid} (not root, "
+                       "and not delegated to this user)")
     for point, fstype, _opts, root in mounts:
         if fstype != "cgroup2" or "" not in own:
             continue
-        mine = _under(point, root, own[""])
-        parent = mine.parent if mine != Path(point) else mine
-        try:
-            available = (parent / "cgroup.subtree_control" if parent != mine else
-                         parent / "cgroup.controllers").read_text().split()
-        except OSError:
-            continue
-        if "memory" in available and "pids" in available:
-            wanted = tuple(c for c in ("memory", "pids", "cpu") if c in available)
-            return 2, {c: parent / tag for c in wanted}, wanted
-    raise CgroupUnavailable(
-        "no cgroup hierarchy with the memory and pids controllers is enabled for this process "
-        f"(v1 controllers mounted: {sorted(v1) or 'none'})")
+        layout, why = _v2_layout(_under(point, root, own[""]), tag)
+        if layout is not None:
+            return layout
+        missing.append(f"cgroup v2 ({point}): {why}")
+    if not missing:
+        missing.append(f"no cgroup hierarchy with the memory and pids controllers is mounted "
+                       f"for this process (v1 controllers: {sorted(v1) or 'none'})")
+    raise CgroupUnavailable("; ".join(missing))
+
+
+def _v2_layout(mine: Path, tag: str) -> tuple[_Layout | None, str]:
+    """The v2 layout for a process in cgroup directory `mine`, or (None, what is missing)."""
+    wanted = ("memory", "pids")
+    real_root = not (mine / "cgroup.type").exists()  # only non-root cgroups have the file
+    if not real_root:  # a sibling: root, or a parent delegated to us
+        parent = mine.parent
+        enabled = _controllers_in(parent / "cgroup.subtree_control")
+        if set(wanted) <= enabled and _writable(parent, parent / "cgroup.subtree_control"):
+            ours = tuple(c for c in (*wanted, "cpu") if c in enabled)
+            return _Layout(2, {c: parent / tag for c in ours}, ours), ""
+    available = _controllers_in(mine / "cgroup.controllers")
+    if not set(wanted) <= available:
+        return None, (f"the memory and pids controllers are not available to {mine} "
+                      f"(it has: {' '.join(sorted(available)) or 'none'})")
+    if not _writable(mine, mine / "cgroup.procs", mine / "cgroup.subtree_control"):
+        return None, (f"{mine} is not writable by uid {os.geteuid()} (not root, and not a "
+                      "delegated subtree: systemd-run --user --scope -p Delegate=yes)")
+    ours = tuple(c for c in (*wanted, "cpu") if c in available)
+    return _Layout(2, {c: mine / tag for c in ours}, ours, None if real_root else mine), ""
 
 
 def _under(point: str, root: str, path: str) -> Path:

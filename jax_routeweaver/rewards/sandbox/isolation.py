@@ -10,7 +10,10 @@ The isolation level (`Isolation.level`) is what the host gives and the caller ac
 The requested level comes from `Sandbox(isolation=...)`, else `ROUTEWEAVER_SANDBOX`, else
 "full" (`requested_level`). It is checked once, by running a probe job (`probe`), and a level
 the host cannot give is an error (`SandboxError`, saying what is missing: `unavailable`): the
-sandbox never falls back to less on its own. `docs/sandbox.md` lists what each level
+sandbox never falls back to less on its own. Only the request "strongest" does: it takes the
+first of full, namespaces, none that the host gives. A run asks for it for code the project
+generates itself (the simulated pool's answers), never for a real worker's code unless the user
+sets it (`rl.preflight`). `docs/sandbox.md` lists what each level
 guarantees; `routeweaver sandbox check` tests those guarantees on the machine it runs on.
 """
 
@@ -30,9 +33,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ISOLATION_ENV",
     "LEVELS",
+    "REQUESTS",
+    "STRONGEST",
     "Isolation",
     "IsolationUnavailable",
     "Level",
+    "Request",
     "SandboxError",
     "probe",
     "requested_level",
@@ -42,6 +48,9 @@ __all__ = [
 Level = Literal["full", "namespaces", "none"]
 LEVELS: tuple[Level, ...] = ("full", "namespaces", "none")
 ISOLATION_ENV = "ROUTEWEAVER_SANDBOX"
+STRONGEST = "strongest"  # the first level of LEVELS this host gives
+Request = Literal["full", "namespaces", "none", "strongest"]
+REQUESTS: tuple[Request, ...] = (*LEVELS, STRONGEST)
 
 
 class SandboxError(RuntimeError):
@@ -51,7 +60,12 @@ class SandboxError(RuntimeError):
 
 class IsolationUnavailable(SandboxError):
     """The isolation level asked for cannot be had on this host: a set-up problem to fix (or
-    to accept less), never a per-row infra failure. Callers let it end the run."""
+    to accept less), never a per-row infra failure. Callers let it end the run. `why`: what
+    is missing, without the ways out the message adds; `level`: the level asked for."""
+
+    def __init__(self, message: str, why: str = "", level: str = "") -> None:
+        super().__init__(message)
+        self.why, self.level = why or message, level
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +87,13 @@ class Isolation:
         return self.level == "full"
 
 
-def requested_level(isolation: str | None = None) -> Level:
-    """`isolation`, else `$ROUTEWEAVER_SANDBOX`, else "full"; anything else is an error."""
+def requested_level(isolation: str | None = None) -> Request:
+    """`isolation`, else `$ROUTEWEAVER_SANDBOX`, else "full": a level or "strongest"; anything
+    else is an error naming where the value came from."""
     value = isolation if isolation is not None else os.environ.get(ISOLATION_ENV) or "full"
-    if value not in LEVELS:
+    if value not in REQUESTS:
         source = "isolation" if isolation is not None else f"${ISOLATION_ENV}"
-        raise SandboxError(f"sandbox: {source}={value!r} is not one of {', '.join(LEVELS)}")
+        raise SandboxError(f"sandbox: {source}={value!r} is not one of {', '.join(REQUESTS)}")
     return value  # type: ignore[return-value]
 
 
@@ -109,7 +124,8 @@ def unavailable(level: str, why: str) -> IsolationUnavailable:
     """The error for a `level` this host cannot give (`why`), with the ways out."""
     return IsolationUnavailable(
         f"sandbox: isolation {level!r} is not available on this host: {why}. Install "
-        f"bubblewrap and run as root (or with a delegated cgroup v2 subtree), or accept less "
+        f"bubblewrap and run as root or in a delegated cgroup subtree (docs/sandbox.md, "
+        f"\"Where full is had\"), or accept less "
         f"with {ISOLATION_ENV}=namespaces (no whole-job limits) or {ISOLATION_ENV}=none (no "
         f"isolation: trusted code only); `routeweaver sandbox check` tells what this host "
-        f"gives (docs/sandbox.md)")
+        f"gives (docs/sandbox.md)", why, level)

@@ -34,8 +34,12 @@ from typing import Any, Literal
 from jax_routeweaver.rewards.sandbox import jail, syscalls
 from jax_routeweaver.rewards.sandbox.cgroup import CgroupUnavailable, JobCgroups
 from jax_routeweaver.rewards.sandbox.isolation import (
+    LEVELS,
+    STRONGEST,
     Isolation,
+    IsolationUnavailable,
     Level,
+    Request,
     SandboxError,
     probe,
     requested_level,
@@ -59,6 +63,7 @@ __all__ = [
     "FunctionRunResult",
     "RunResult",
     "Sandbox",
+    "configure_default_sandbox",
     "default_sandbox",
     "run_function",
     "run_python",
@@ -152,8 +157,9 @@ class _MemoryBudget:
 class Sandbox:
     """Runs programs in isolated children, at most `max_workers` at a time (module doc).
 
-    `isolation`: the level required ("full", "namespaces", "none"; default from
-    `$ROUTEWEAVER_SANDBOX`, else "full"). `memory_budget_mb`: the memory all running jobs
+    `isolation`: the level required ("full", "namespaces", "none"), or "strongest" (the first
+    of those the host gives; `declined` then says why each stronger one was not); default
+    from `$ROUTEWEAVER_SANDBOX`, else "full". `memory_budget_mb`: the memory all running jobs
     may hold together (default: half of `memory_available_mb()`). `tmp_root`: where the
     "none" level makes its working directories (default: the system temp dir). `nproc`:
     tasks a job may have under "full".
@@ -173,7 +179,8 @@ class Sandbox:
         if nproc < 1:
             raise ValueError(f"Sandbox: nproc must be >= 1, got {nproc!r}")
         self.max_workers = n
-        self.requested: Level = requested_level(isolation)
+        self.requested: Request = requested_level(isolation)
+        self.declined: dict[Level, str] = {}  # level -> why the host did not give it
         self.memory = _MemoryBudget(budget)
         self.tmp_root = os.path.realpath(tmp_root or tempfile.gettempdir())
         self.nproc = nproc
@@ -251,6 +258,19 @@ class Sandbox:
                 self._isolation = self._set_up()
             return self._isolation
 
+    def describe(self) -> str:
+        """One line: the level jobs run under, and for "strongest" why each stronger level
+        was not had (sets the sandbox up: `SandboxError` as for `isolation`)."""
+        iso = self.isolation
+        line = f"sandbox: isolation {iso.level!r}"
+        if self.requested == STRONGEST:
+            line += " (the strongest this host gives"
+            line += "".join(f"; {level!r} is not: {why}" for level, why in self.declined.items())
+            line += ")"
+        if iso.level == "none":
+            line += ": programs run with this user's access to the host (trusted code only)"
+        return line
+
     def close(self) -> None:
         """Wait for running jobs and stop the worker threads."""
         self._pool.shutdown(wait=True)
@@ -259,7 +279,16 @@ class Sandbox:
 
     # ---------------------------------------------------------------- set-up
     def _set_up(self) -> Isolation:
-        level = self.requested
+        if self.requested != STRONGEST:
+            return self._set_up_level(self.requested)
+        for level in LEVELS:
+            try:
+                return self._set_up_level(level)
+            except IsolationUnavailable as exc:
+                self.declined[level] = exc.why
+        raise AssertionError("unreachable: the level 'none' needs nothing")
+
+    def _set_up_level(self, level: Level) -> Isolation:
         if level == "none":
             log.warning("sandbox: isolation 'none': programs run as this user with full "
                         "access to the host (trusted code only)")
@@ -278,6 +307,9 @@ class Sandbox:
                                       controllers=self._cgroups.controllers)
         problems = probe(iso, self._spawn)
         if problems:
+            if self._cgroups is not None:  # "strongest" goes on without them
+                self._cgroups.close()
+                self._cgroups = None
             raise unavailable(level, "; ".join(problems))
         return iso
 
@@ -470,12 +502,26 @@ _DEFAULT_LOCK = threading.Lock()
 
 def default_sandbox() -> Sandbox:
     """The process-wide sandbox the scorers use (`max(2, cpu_count // 2)` workers, the
-    isolation `$ROUTEWEAVER_SANDBOX` names, else "full")."""
+    isolation `$ROUTEWEAVER_SANDBOX` names, else "full", unless `configure_default_sandbox`
+    set another)."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
             _DEFAULT = Sandbox()
         return _DEFAULT
+
+
+def configure_default_sandbox(isolation: str | None) -> Sandbox:
+    """Make the process-wide sandbox one of `isolation` (a level, "strongest", or None: the
+    default's rule) and return it; the one it replaces is closed. A run calls this before
+    its first job (`rl.preflight`)."""
+    global _DEFAULT
+    box = Sandbox(isolation=isolation)
+    with _DEFAULT_LOCK:
+        old, _DEFAULT = _DEFAULT, box
+    if old is not None:
+        old.close()
+    return box
 
 
 def run_python(program: str, *, stdin: str | bytes = "", timeout_s: float = 6.0,
