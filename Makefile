@@ -33,6 +33,7 @@ install: $(STAMP)
 .PHONY: install-gpu install-tpu
 install-gpu: LOCK := gpu
 install-tpu: LOCK := tpu
+install-tpu: TORCH_LOCK := cpu-torch
 install-gpu install-tpu: requirements/apt.lock setup.cfg pyproject.toml
 	@test ! -x $(PY) || test "$$(cat $(VENV)/.lock 2>/dev/null)" = $(LOCK) || { \
 	  echo "$(VENV) was not built from requirements/$(LOCK).lock: make clean-venv first, or pass VENV=.venv-$(LOCK)" >&2; \
@@ -42,8 +43,9 @@ install-gpu install-tpu: requirements/apt.lock setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	echo $(LOCK) > $(VENV)/.lock
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" "setuptools==78.1.1"
-	# Complete lock, so --no-deps as for cpu.lock (tpu.lock carries the index of its CPU torch).
+	# Complete lock, so --no-deps as for cpu.lock; the TPU VM's CPU torch alone with its index.
 	$(PY) -m pip install --quiet --no-deps -r requirements/$(LOCK).lock
+	test -z "$(TORCH_LOCK)" || $(PY) -m pip install --quiet --no-deps --retries 2 --timeout 30 -r requirements/$(TORCH_LOCK).lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

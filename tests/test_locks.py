@@ -66,10 +66,11 @@ def test_a_pin_pypi_does_not_serve_names_its_index_in_its_own_file():
         assert not local or indexes, f"{lock.name}: {local} need their index named there"
 
 
-def test_cpu_lock_itself_waits_on_no_other_index():
-    """cpu.lock's pins are all on PyPI, so its install never queries an index that may be
-    down; torch's CPU build is installed on its own (cpu-torch.lock)."""
-    text = (ROOT / "requirements" / "cpu.lock").read_text()
-    assert "index-url" not in text and "torch" not in dict(pins(ROOT / "requirements" /
-                                                                 "cpu.lock"))
+def test_the_main_locks_wait_on_no_other_index():
+    """cpu.lock's and tpu.lock's pins are all on PyPI, so their installs never query an index
+    that may be down; torch's CPU build is installed on its own (cpu-torch.lock)."""
+    for name in ("cpu.lock", "tpu.lock"):
+        lock = ROOT / "requirements" / name
+        assert "index-url" not in lock.read_text(), name
+        assert "torch" not in dict(pins(lock)), name
     assert dict(pins(ROOT / "requirements" / "cpu-torch.lock")) == {"torch": "2.13.0+cpu"}

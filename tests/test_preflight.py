@@ -15,9 +15,8 @@ from jax_routeweaver.data.record_files import write_jsonl
 from jax_routeweaver.data.records import Domain
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
-from jax_routeweaver.rewards.sandbox import Sandbox, jail
+from jax_routeweaver.rewards.sandbox import Sandbox, jail, runner
 from jax_routeweaver.rewards.sandbox import cgroup as cg
-from jax_routeweaver.rewards.sandbox import runner
 from jax_routeweaver.rl.preflight import (
     PreflightError,
     checkpoint_bytes,
@@ -59,7 +58,8 @@ def test_every_problem_is_named_at_once_and_nothing_is_written(tmp_path, monkeyp
     monkeypatch.setenv("ROUTEWEAVER_CACHE", str(blocker / "cache"))
     before = sorted(p.name for p in tmp_path.iterdir())
     code = main(["train", "--config", str(QUICKSTART), f"out_dir={blocker / 'run'}",
-                 f"workers.pool={tmp_path / 'no_channels.yaml'}", "checkpoint.keep_full=1000000000"])
+                 f"workers.pool={tmp_path / 'no_channels.yaml'}",
+                 "checkpoint.keep_full=1000000000"])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err

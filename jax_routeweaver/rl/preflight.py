@@ -114,7 +114,8 @@ def preflight(cfg: TrainConfig, console: Console) -> list[Record]:
     feedback = cfg.rollout.dialect == "routeweaver" and cfg.rollout.execution_feedback
     if any(runs_programs(r.scorer_dataset, feedback) for r in records):
         try:
-            console.print(escape(configure_default_sandbox(run_isolation(cfg)).describe()))
+            console.print(escape(configure_default_sandbox(run_isolation(cfg)).describe()),
+                          soft_wrap=True)  # one line, whatever the terminal's width
         except IsolationUnavailable as e:
             problems.append(f"sandbox: isolation {e.level!r} is not available on this host: "
                             f"{e.why} (docs/sandbox.md says how to get it; "
