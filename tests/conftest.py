@@ -23,7 +23,8 @@ LONGEST_FIRST = ("test_train_loop.py", "test_sidecar_train.py", "test_vllm_sidec
                  "test_stand_in.py", "test_distributed.py", "test_trainer.py", "test_plan.py",
                  "test_run_safety.py", "test_router_r1_train.py", "test_episode_routeweaver.py",
                  "test_sidecar_bf16.py", "test_serve.py", "test_eval.py", "test_favourites.py",
-                 "test_plan_step.py", "test_cli.py", "test_workers_vllm.py")
+                 "test_plan_step.py", "test_cli.py", "test_unprivileged.py",
+                 "test_workers_vllm.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
