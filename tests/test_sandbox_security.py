@@ -8,6 +8,8 @@ over a plain child) and that got through; each is judged from the host side wher
 the attacks are real, not vacuous)."""
 
 import _io  # noqa: F401  (the attacks below use the raw io layer the old guard missed)
+import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -317,6 +319,43 @@ def test_every_guarantee_holds_under_full(sb):
     assert ok, report
     assert [o.name for o in outcomes] == list(check.GUARANTEES)
     assert all(o.holds for o in outcomes), report
+
+
+def test_a_killed_jobs_daemon_is_gone_when_run_returns():
+    """Without a cgroup ("namespaces"), a job killed at its timeout ends when the jail's
+    init has torn its PID namespace down, not when bubblewrap is reaped: a daemon it left
+    is gone by the time `run` returns. (Without `wait_jail_gone` most such jobs left their
+    daemons alive for a moment.)"""
+    box = Sandbox(2, isolation="namespaces")
+    program = textwrap.dedent("""
+        import ctypes, os, signal, time
+        for _ in range(16):  # many to kill: the namespace's teardown takes a while
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    ctypes.CDLL(None).prctl(15, MARKER)  # PR_SET_NAME
+                    time.sleep(120)
+                os._exit(0)
+        time.sleep(30)
+    """)
+
+    async def job() -> list[int]:
+        marker = f"rwd{secrets.token_hex(4)}"
+        result = await box.arun(program.replace("MARKER", repr(marker.encode())),
+                                timeout_s=0.5)
+        assert result.status == "timeout"
+        return check._processes_with(marker)
+
+    try:
+        left = [pids for pids in (asyncio.run(job()) for _ in range(6)) if pids]
+    finally:
+        box.close()
+    for pids in left:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+    assert not left, left
 
 
 def test_the_attacks_break_an_unisolated_child():

@@ -12,17 +12,30 @@ one layer's pool `[K, num_pages, page_size, H]` is the layout of the Pallas TPU 
 tokens per row, M pages per row (page-table width), S page size, N query heads, K kv heads,
 H head_dim, L layers.
 
-Portable path (CPU, GPU, and TPU prefill): gather the row's M pages, `[B, M * S, K, H]`, and
-run grouped-query attention with a mask built from positions (causal) and lengths (valid
-slots), the same arithmetic as `qwen3.attention` (fp32 softmax, masked scores -1e30). On TPU
-(`kernel=True`, one query per row) decode may dispatch to the Pallas kernel instead.
+Two paths (`ATTENTIONS`, chosen by `attention_path`; `rollout.paged.attention`):
+
+    portable  every backend, decode and prefill: gather the row's M pages, `[B, M * S, K,
+              H]`, and run grouped-query attention with a mask built from positions (causal)
+              and lengths (valid slots), the same arithmetic as `qwen3.attention` (fp32
+              softmax, masked scores -1e30).
+    pallas    decode (one query per row) through JAX's Pallas paged-attention kernel, which
+              reads the pages in place (`decode_kernel`): the TPU kernel on TPU, the GPU
+              kernel (Triton) on GPU; prefill stays portable (neither kernel takes more than
+              one query per row). With `interpret`, the kernel runs in Pallas's interpret
+              mode on any backend (the TPU kernel under `force_tpu_interpret_mode`): slow,
+              for checking the kernel path on CPU.
+
+"auto" is pallas on TPU and portable elsewhere. The TPU kernel (and its interpret mode)
+multiplies in one bf16 pass, as TPU matrix units do at default precision: with fp32 pages it
+differs from the portable path by about 5e-3; with bf16 pages (the engine's pool dtype on an
+accelerator) by fp32 rounding only.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +43,8 @@ import jax.numpy as jnp
 from jax_routeweaver.models.config import ModelConfig
 
 _MASKED = -1e30  # as `qwen3._MASKED`: finite, so a row with no valid key stays NaN-free
+ATTENTIONS = ("auto", "portable", "pallas")
+Attention = Literal["auto", "portable", "pallas"]
 
 
 class PagePool(NamedTuple):
@@ -90,7 +105,8 @@ def gather_pages(pool: jax.Array, layer: jax.Array | int, page_table: jax.Array)
 
 def paged_attention(q: jax.Array, pool_k: jax.Array, pool_v: jax.Array,
                     layer: jax.Array | int, page_table: jax.Array, q_positions: jax.Array,
-                    lengths: jax.Array, *, block: int = 512, kernel: bool = False) -> jax.Array:
+                    lengths: jax.Array, *, block: int = 512,
+                    kernel: DecodeKernel | None = None) -> jax.Array:
     """Causal grouped-query attention of queries over their rows' pages.
 
     q `[B, T, N, H]` at `q_positions` `[B, T]`; pool_k, pool_v `[L, K, P, S, H]`; page_table
@@ -98,14 +114,12 @@ def paged_attention(q: jax.Array, pool_k: jax.Array, pool_v: jax.Array,
     already, the queries' own included). Query (b, t) attends to row b's positions
     `<= q_positions[b, t]` and `< lengths[b]`; query head n uses kv head n // (N / K). Returns
     `[B, T, N, H]` in q's dtype. More than `block` queries run block by block (`lax.map`), so
-    scores are `[B, N, block, M * S]` at a time. `kernel`: with one query per row on a TPU
-    backend where the Pallas kernel imports, use it (`tpu_decode_kernel`).
+    scores are `[B, N, block, M * S]` at a time. `kernel` (`decode_kernel`): with one query
+    per row, attend through it instead (the pallas path).
     """
     B, T, N, H = q.shape
-    if kernel and T == 1:
-        fn = tpu_decode_kernel()
-        if fn is not None:
-            return fn(q, pool_k[layer], pool_v[layer], page_table, lengths)
+    if kernel is not None and T == 1:
+        return kernel(q, pool_k[layer], pool_v[layer], page_table, lengths)
     k = gather_pages(pool_k, layer, page_table).astype(q.dtype)
     v = gather_pages(pool_v, layer, page_table).astype(q.dtype)
     key_pos = jnp.arange(k.shape[1])
@@ -143,29 +157,55 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
 DecodeKernel = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
-@functools.cache
-def tpu_decode_kernel() -> DecodeKernel | None:
-    """On a TPU backend where `jax.experimental.pallas.ops.tpu.paged_attention` imports, a
-    decode attention `(q [B, 1, N, H], k_pages, v_pages [K, P, S, H], page_table [B, M],
-    lengths [B]) -> [B, 1, N, H]` running that kernel; None elsewhere (CPU, GPU).
+def attention_path(choice: str, backend: str, *, interpret: bool = False
+                   ) -> Literal["portable", "pallas"]:
+    """The path `choice` ("auto", "portable", "pallas") takes on `backend` ("cpu", "gpu",
+    "tpu"): "auto" is pallas on TPU, portable elsewhere. ValueError for an unknown choice, or
+    for pallas on a backend without a Pallas kernel (CPU) unless `interpret`."""
+    if choice not in ATTENTIONS:
+        raise ValueError(f"paged attention {choice!r} is not one of {', '.join(ATTENTIONS)}")
+    if choice == "auto":
+        return "pallas" if backend == "tpu" else "portable"
+    if choice == "pallas" and backend not in ("tpu", "gpu") and not interpret:
+        raise ValueError(f"paged attention 'pallas' needs a TPU or GPU backend (this one is "
+                         f"{backend!r}); 'portable' runs everywhere")
+    return choice  # type: ignore[return-value]
 
-    Not exercised by the tests (no TPU there); the portable path is the reference. The kernel
-    wants M divisible by its pages per compute block (the largest power of two <= 8 dividing
-    M is used) and does not scale the scores, so q is scaled first."""
-    if jax.default_backend() != "tpu":
-        return None
-    try:
-        from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as kernel
-    except ImportError:
-        return None
+
+def decode_kernel(backend: str, *, interpret: bool = False) -> DecodeKernel:
+    """Decode attention through JAX's Pallas paged-attention kernel: `(q [B, 1, N, H],
+    k_pages, v_pages [K, P, S, H], page_table [B, M], lengths [B]) -> [B, 1, N, H]` in q's
+    dtype. The GPU kernel on "gpu", else the TPU kernel; `interpret`: in Pallas's interpret
+    mode (any backend). Neither kernel scales the scores, so q is scaled first; the TPU
+    kernel processes `pages_per_compute_block` pages per step, the GPU kernel as many per block
+    (the largest power of two <= 8 dividing M; its head blocks padded to 16)."""
+    if backend == "gpu":
+        from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention as gpu
+
+        def run(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Array,
+                lengths: jax.Array) -> jax.Array:
+            return gpu(q, k, v, table, lengths, pages_per_compute_block=_per_block(table),
+                       k_splits=1, interpret=interpret)
+    else:
+        from jax.experimental.pallas import tpu as pltpu
+        from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu
+
+        def run(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Array,
+                lengths: jax.Array) -> jax.Array:
+            mode = pltpu.force_tpu_interpret_mode() if interpret else contextlib.nullcontext()
+            with mode:  # acts where the kernel is traced
+                return tpu(q, k, v, lengths, table, pages_per_compute_block=_per_block(table))
 
     def decode(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
                lengths: jax.Array) -> jax.Array:
-        M = page_table.shape[1]
-        per_block = max(b for b in (1, 2, 4, 8) if M % b == 0)
         scaled = (q[:, 0].astype(jnp.float32) * q.shape[-1] ** -0.5).astype(q.dtype)
-        out = kernel(scaled, k_pages, v_pages, lengths.astype(jnp.int32),
-                     page_table.astype(jnp.int32), pages_per_compute_block=per_block)
+        out = run(scaled, k_pages, v_pages, page_table.astype(jnp.int32),
+                  lengths.astype(jnp.int32))
         return out[:, None].astype(q.dtype)
 
     return decode
+
+
+def _per_block(page_table: jax.Array) -> int:
+    """Pages per compute block: the largest power of two <= 8 dividing the table's width."""
+    return max(b for b in (1, 2, 4, 8) if page_table.shape[1] % b == 0)

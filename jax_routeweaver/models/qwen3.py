@@ -22,7 +22,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_routeweaver.models.config import ModelConfig
-from jax_routeweaver.models.paged_attention import PagePool, paged_attention, write_pages
+from jax_routeweaver.models.paged_attention import (
+    DecodeKernel,
+    PagePool,
+    paged_attention,
+    write_pages,
+)
 
 _MASKED = -1e30  # finite, so a fully masked (padding) query row stays NaN-free
 
@@ -204,7 +209,8 @@ class Qwen3(nnx.Module):
     def hidden_states_paged(self, tokens: jax.Array, positions: jax.Array, pool: PagePool,
                             page_table: jax.Array, lengths: jax.Array,
                             valid: jax.Array | None = None, *, gather: jax.Array | None = None,
-                            kernel: bool = False) -> tuple[jax.Array, PagePool]:
+                            kernel: DecodeKernel | None = None
+                            ) -> tuple[jax.Array, PagePool]:
         """The decoder over a paged KV cache (`models.paged_attention`): final-normed hidden
         states `[B, T, D]` (`[B, P, D]` with `gather`) and the updated pool.
 
@@ -215,8 +221,8 @@ class Qwen3(nnx.Module):
         rows) write nothing and their outputs are garbage. Same layers, rope and norms as
         `hidden_states` (`layer_qkv`, `layer_output`), so a prompt run here gives the hidden
         states a dense cache gives, up to float summation order. `gather [B, P]`: the last
-        layer's queries and MLP only there (see `hidden_states`). `kernel`: see
-        `paged_attention` (TPU decode)."""
+        layer's queries and MLP only there (see `hidden_states`). `kernel`: the Pallas decode
+        attention (`paged_attention.decode_kernel`), or None: the portable path."""
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
         if valid is None:

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.paged_attention import attention_path
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import SAMPLE_RULES, Rules
 from jax_routeweaver.planning.memory import GIB, PROMPT_TOKENS, Target
@@ -84,14 +85,17 @@ SAMPLING_COPIES = 4
 class RolloutSettings:
     """The rollout engine's settings (one ``engine``'s fields are used, the rest ignored):
     ``paged``: ``page_size``, ``budget_tokens`` (0: ``memory_fraction`` of the free memory),
-    ``max_rows``; ``vllm``: ``share`` (``--gpu-memory-utilization``), ``tensor``
-    (``--tensor-parallel-size``), ``sleep_level``, ``dtype`` (the served weights')."""
+    ``max_rows``, ``attention`` (its decode attention's path, resolved for the target's
+    kind: `models.paged_attention.attention_path`); ``vllm``: ``share``
+    (``--gpu-memory-utilization``), ``tensor`` (``--tensor-parallel-size``), ``sleep_level``,
+    ``dtype`` (the served weights')."""
 
     engine: Engine
     page_size: int = 16
     budget_tokens: int = 0
     memory_fraction: float = 0.5
     max_rows: int = 64
+    attention: str = "auto"
     share: float = VLLM_DEFAULT_SHARE
     tensor: int = 1
     sleep_level: int = 0
@@ -123,7 +127,8 @@ class RolloutSettings:
                        sleep_level=r.vllm.sleep_level, dtype=r.vllm.dtype)
         p = r.paged
         return cls(r.kv_cache, page_size=p.page_size, budget_tokens=p.budget_tokens,
-                   memory_fraction=p.memory_fraction, max_rows=p.max_rows)
+                   memory_fraction=p.memory_fraction, max_rows=p.max_rows,
+                   attention=p.attention)
 
     def label(self) -> str:
         """Short text for tables."""
@@ -267,17 +272,18 @@ def paged_width(row_tokens: int, page_size: int) -> int:
 
 
 def paged_temporaries(arch: ModelConfig, max_rows: int, row_tokens: int, page_size: int,
-                      tensor: int, prefill_chunk: int = PagedConfig.prefill_chunk) -> int:
+                      tensor: int, prefill_chunk: int = PagedConfig.prefill_chunk,
+                      attention: str = "portable") -> int:
     """Bytes per device the paged engine's programs need beyond weights and pool, a formula
-    after its code (`sampling.paged_engine`, `models.paged_attention`'s portable path: pages
-    gathered per layer; a TPU kernel that reads them in place needs less). With ``W`` =
+    after its code (`sampling.paged_engine`, `models.paged_attention`). With ``W`` =
     :func:`paged_width` key slots per row, attention in the compute dtype ``a`` bytes, the
     larger of
 
     * a decode step of all ``max_rows`` slots (every device runs every slot): the sampled
-      logits ``max_rows x V`` fp32, :data:`SAMPLING_COPIES` times; one layer's gathered keys
-      and values ``2 x max_rows x W x (K / tensor) x H x a``; its scores ``max_rows x
-      (N / tensor) x W`` fp32 and probabilities in ``a``;
+      logits ``max_rows x V`` fp32, :data:`SAMPLING_COPIES` times; on the ``portable`` path
+      one layer's gathered keys and values ``2 x max_rows x W x (K / tensor) x H x a`` and its
+      scores ``max_rows x (N / tensor) x W`` fp32 and probabilities in ``a`` (``pallas``: the
+      kernel reads the pages in place, a block at a time, so none of these);
     * a prefill call of ``T`` = ``PREFILL_TOKENS`` tokens (``T / prefill_chunk`` rows of one
       chunk, the engine's cap): one layer's gathered keys and values for those rows, the
       chunk's scores ``T x (N / tensor) x W`` fp32 and probabilities in ``a`` (the chunk is
@@ -287,9 +293,10 @@ def paged_temporaries(arch: ModelConfig, max_rows: int, row_tokens: int, page_si
     act = jnp.dtype(arch.dtype).itemsize
     width = paged_width(row_tokens, page_size)
     heads, kv = arch.num_heads // tensor, max(1, arch.num_kv_heads // tensor)
-    decode = (SAMPLING_COPIES * max_rows * arch.vocab_size * 4
-              + 2 * max_rows * width * kv * arch.head_dim * act
-              + max_rows * heads * width * (4 + act))
+    decode = SAMPLING_COPIES * max_rows * arch.vocab_size * 4
+    if attention == "portable":
+        decode += (2 * max_rows * width * kv * arch.head_dim * act
+                   + max_rows * heads * width * (4 + act))
     tokens = PREFILL_TOKENS
     rows = max(1, tokens // prefill_chunk)
     prefill = (2 * rows * width * kv * arch.head_dim * act
@@ -356,11 +363,12 @@ class RolloutMemory:
 
 def rollout_memory(settings: RolloutSettings, arch: ModelConfig, shape: RolloutShape,
                    mesh: SamplerMesh, *, memory_bytes: int, params: int,
-                   param_dtype: str) -> RolloutMemory:
+                   param_dtype: str, backend: str = "gpu") -> RolloutMemory:
     """The engine of ``settings`` per device. ``memory_bytes``: one device's memory (vLLM's
     share and the paged pool's ``memory_fraction`` are of it); ``params``: the policy's bytes
     per device (what is allocated when the sampler starts, before the optimizer state and the
-    reference); ``param_dtype``: the JAX replica's dtype (:func:`replica_dtype`)."""
+    reference); ``param_dtype``: the JAX replica's dtype (:func:`replica_dtype`); ``backend``:
+    the target's kind ("tpu", "gpu"), which the paged ``attention`` path depends on."""
     if settings.engine == "vllm":
         return _vllm_memory(settings, arch, shape, memory_bytes)
     if arch.num_kv_heads % mesh.tensor:
@@ -387,7 +395,8 @@ def rollout_memory(settings: RolloutSettings, arch: ModelConfig, shape: RolloutS
         pages = tokens // page
     kv = pages * page * per_token
     logits = settings.max_rows * arch.vocab_size * 4  # the slots' next-token logits, kept
-    temps = paged_temporaries(arch, settings.max_rows, shape.row_tokens, page, mesh.tensor)
+    temps = paged_temporaries(arch, settings.max_rows, shape.row_tokens, page, mesh.tensor,
+                              attention=attention_path(settings.attention, backend))
     return RolloutMemory("paged", replica, kv + logits, temps, kept=replica + kv + logits,
                          resident=replica + kv + logits + temps, kv_tokens=pages * page,
                          shards=1, row_tokens=shape.row_tokens, rows=settings.max_rows)

@@ -162,7 +162,8 @@ def step_plan(target: Target, train: TrainFigures, settings: RolloutSettings,
     """The whole step of ``train`` (compiled figures) with the engine of ``settings``."""
     memory = rollout_memory(settings, arch, shape, SamplerMesh.of(target, train.mesh),
                             memory_bytes=int(target.memory_gib * GIB),
-                            params=train.params, param_dtype=param_dtype)
+                            params=train.params, param_dtype=param_dtype,
+                            backend=target.kind)
     return StepPlan(target, train, settings, memory)
 
 

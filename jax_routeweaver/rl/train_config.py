@@ -171,12 +171,16 @@ class PagedCacheConfig:
     earlier turns stay in place for its next turn. ``page_size``: tokens per page.
     ``budget_tokens``: the pool's size in tokens (0 = from ``memory_fraction``).
     ``memory_fraction``: with ``budget_tokens`` 0, the share of one device's free memory the
-    pool takes at start-up. ``max_rows``: decode slots, the most rows decoded at once."""
+    pool takes at start-up. ``max_rows``: decode slots, the most rows decoded at once.
+    ``attention``: the decode attention's path (`models.paged_attention`): "auto" (JAX's
+    Pallas paged-attention kernel on TPU, "portable" elsewhere), "portable" (pages gathered,
+    every backend), "pallas" (the Pallas kernel, reading pages in place: TPU or GPU)."""
 
     page_size: int = bounded(16, "[1, 4096]")  # tokens per page
     budget_tokens: int = bounded(0, "[0, inf)")  # tokens; 0 = use memory_fraction
     memory_fraction: float = bounded(0.5, "(0, 1]")  # of free device memory
     max_rows: int = bounded(64, "[1, inf)")  # rows decoded at once
+    attention: Literal["auto", "portable", "pallas"] = "auto"  # decode attention's path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,13 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_routeweaver.models.config import ModelConfig
-from jax_routeweaver.models.paged_attention import PagePool, init_pool, pool_shape
+from jax_routeweaver.models.paged_attention import (
+    PagePool,
+    attention_path,
+    decode_kernel,
+    init_pool,
+    pool_shape,
+)
 from jax_routeweaver.models.sharding import SAMPLE_RULES, Rules, ShardingError, logical_to_spec
 from jax_routeweaver.sampling.base import Completion, Decode, SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints, unpack_bitmask
@@ -75,7 +81,11 @@ class PagedEngine:
         self._cache_dtype = cache_dtype
         self.constraints, self.decode_text = constraints, decode
         self.device_choices = device_choices
-        self._kernel = options.tpu_kernel and jax.default_backend() == "tpu"
+        backend = jax.default_backend()
+        path = attention_path(options.attention, backend, interpret=options.pallas_interpret)
+        self.attention = path  # the decode attention's path, as chosen
+        self._kernel = decode_kernel(backend, interpret=options.pallas_interpret) \
+            if path == "pallas" else None
         self._pool_sharding, kv_shards = self._make_pool_sharding(options)
         device = None if mesh is None else mesh.devices.flat[0]
         num_pages = pool_pages(config, options, dtype=cache_dtype, kv_shards=kv_shards,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.models.paged_attention import ATTENTIONS
 
 MIN_WIDTH = 4           # smallest page-table width (pages per row) compiled
 MIN_CHUNK = 16          # smallest prefill chunk compiled
@@ -36,8 +37,11 @@ class PagedConfig:
         steps_per_sync: decode steps on device between host checks (stop strings,
             admissions, retirements) (>= 1; calls with host grammars use 1).
         prefill_chunk: most tokens of one row per prefill call (>= 1).
-        tpu_kernel: on TPU, decode attention through the Pallas paged-attention kernel
-            (untested here; off by default; no effect on other backends).
+        attention: the decode attention's path (`models.paged_attention`): "auto" (the
+            Pallas kernel on TPU, portable elsewhere), "portable" (every backend), "pallas"
+            (JAX's Pallas paged-attention kernel: TPU or GPU).
+        pallas_interpret: run the Pallas kernel in Pallas's interpret mode, on any backend
+            (slow: for checking the kernel path on CPU).
     """
 
     page_size: int = 16
@@ -46,7 +50,8 @@ class PagedConfig:
     max_rows: int = 64
     steps_per_sync: int = 8
     prefill_chunk: int = 512
-    tpu_kernel: bool = False
+    attention: str = "auto"
+    pallas_interpret: bool = False
 
     def __post_init__(self) -> None:
         for name in ("page_size", "max_rows", "steps_per_sync", "prefill_chunk"):
@@ -54,6 +59,9 @@ class PagedConfig:
                 raise ValueError(f"PagedConfig.{name}={getattr(self, name)} must be >= 1")
         if self.budget_tokens < 0:
             raise ValueError(f"PagedConfig.budget_tokens={self.budget_tokens} must be >= 0")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"PagedConfig.attention={self.attention!r} must be one of "
+                             f"{', '.join(ATTENTIONS)}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"PagedConfig.memory_fraction={self.memory_fraction} must be in "
                              "(0, 1]")

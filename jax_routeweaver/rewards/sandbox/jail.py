@@ -179,15 +179,19 @@ def _within(path: str, root: str) -> bool:
 
 
 def bwrap_argv(bwrap: str, env: Mapping[str, str], args: list[str], *, seccomp_fd: int,
-               user_namespace: bool = True) -> list[str]:
+               info_fd: int | None = None, user_namespace: bool = True) -> list[str]:
     """The command line that runs the harness with `args` inside a fresh jail, under the
     seccomp filter that bubblewrap reads from the inherited descriptor `seccomp_fd`
     (`syscalls`: a compiled BPF program, installed just before the harness starts).
+    `info_fd`: a descriptor bubblewrap writes its JSON information to at start, among it
+    ``child-pid``, the host pid of the jail's init (the runner waits for that pid to end).
 
     `user_namespace` False leaves out `--unshare-user` (for hosts that forbid user namespaces
     to this user while allowing bwrap's other namespaces, e.g. a setuid bwrap)."""
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--hostname", "sandbox", "--clearenv", "--seccomp", str(seccomp_fd)]
+    if info_fd is not None:
+        argv += ["--info-fd", str(info_fd)]
     if user_namespace:
         argv += ["--unshare-user", "--disable-userns", "--uid", str(_SANDBOX_UID),
                  "--gid", str(_SANDBOX_UID)]

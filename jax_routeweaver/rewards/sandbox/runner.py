@@ -56,6 +56,7 @@ from jax_routeweaver.rewards.sandbox.supervisor import (
     kill_group,
     last_line,
     rlimits,
+    wait_jail_gone,
 )
 
 __all__ = [
@@ -444,28 +445,33 @@ class Sandbox:
             # is what gets removed (rmtree never follows links, whatever the job renamed).
             holder = None if iso.jailed else tempfile.mkdtemp(prefix="rw-sbx-",
                                                               dir=self.tmp_root)
+            info_r, info_w = os.pipe() if iso.jailed else (-1, -1)
             try:
                 if iso.jailed:
                     assert seccomp is not None
                     argv = jail.launcher_argv(
                         jail.bwrap_argv(iso.bwrap or "bwrap", child_env(jail.WORKDIR),
-                                        [config], seccomp_fd=seccomp.fileno()),
+                                        [config], seccomp_fd=seccomp.fileno(),
+                                        info_fd=info_w),
                         cgroup_procs=group.procs_files if group is not None else (),
                         uid=jail.fresh_uid() if os.geteuid() == 0 else None)
                     cwd, env = "/", {"PATH": _LAUNCHER_PATH}
+                    fds = (pay_file.fileno(), seccomp.fileno(), info_w)
                 else:
                     cwd = os.path.join(holder, "work")
                     os.mkdir(cwd, 0o700)
                     argv = [jail.interpreter(), "-B", "-s", "-P", str(_CHILD), config]
-                    env = child_env(cwd)
+                    env, fds = child_env(cwd), (pay_file.fileno(),)
                 try:
                     proc = subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, cwd=cwd, env=env,
                                             start_new_session=True, close_fds=True,
-                                            pass_fds=(pay_file.fileno(),
-                                                      *([seccomp.fileno()] if seccomp else [])))
+                                            pass_fds=fds)
                 except OSError as exc:
                     raise SandboxError(f"sandbox child did not start: {exc}") from exc
+                finally:
+                    if info_w >= 0:
+                        os.close(info_w)
                 try:
                     raw = communicate(proc, timeout_s, idle_timeout_s, on_line,
                                        max_output_bytes)
@@ -474,8 +480,14 @@ class Sandbox:
                     proc.wait()
                     for f in (proc.stdout, proc.stderr):
                         f.close()
+                    if info_r >= 0:
+                        # Killed early, the jail's init tears its PID namespace down after
+                        # we reaped bubblewrap: the job ends when that init has.
+                        wait_jail_gone(info_r)
             finally:
                 oom = end_job(group)
+                if info_r >= 0:
+                    os.close(info_r)
                 if holder is not None:
                     shutil.rmtree(holder, ignore_errors=True)
         if iso.jailed and raw.returncode is not None and raw.returncode > 128:
@@ -513,14 +525,13 @@ def default_sandbox() -> Sandbox:
 
 def configure_default_sandbox(isolation: str | None) -> Sandbox:
     """Make the process-wide sandbox one of `isolation` (a level, "strongest", or None: the
-    default's rule) and return it; the one it replaces is closed. A run calls this before
-    its first job (`rl.preflight`)."""
+    default's rule) and return it. A run calls this before its first job (`rl.preflight`).
+    The one it replaces is left open: a caller may still hold it (its idle worker threads
+    end when it is collected)."""
     global _DEFAULT
     box = Sandbox(isolation=isolation)
     with _DEFAULT_LOCK:
-        old, _DEFAULT = _DEFAULT, box
-    if old is not None:
-        old.close()
+        _DEFAULT = box
     return box
 
 

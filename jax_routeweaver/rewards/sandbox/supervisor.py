@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
+import select
 import selectors
 import signal
 import subprocess
@@ -71,6 +73,30 @@ def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the child's whole process group (a group already gone is no error)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def wait_jail_gone(info_fd: int, timeout_s: float = 5.0) -> bool:
+    """Wait until the jail's init, whose host pid bubblewrap wrote to `info_fd` as JSON
+    (``child-pid``), has ended: its PID namespace, and with it every process of the job, is
+    gone then (the kernel kills and reaps the namespace before its init's exit completes,
+    so a zombie init counts as ended). True if it ended within `timeout_s` (or never
+    started)."""
+    ready, _, _ = select.select([info_fd], [], [], 0)
+    data = os.read(info_fd, 65536) if ready else b""
+    try:
+        pid = int(json.JSONDecoder().raw_decode(data.decode().lstrip())[0]["child-pid"])
+    except (ValueError, KeyError, TypeError, IndexError):
+        return True  # bubblewrap wrote nothing: it never started the jail
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.002)
+    return False
 
 
 def _exited(proc: subprocess.Popen) -> bool:
