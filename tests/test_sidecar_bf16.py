@@ -34,7 +34,12 @@ from jax_routeweaver.sampling.vllm_server import (
     vllm_is_cpu_build,
 )
 from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
-from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
+from jax_routeweaver.sampling.vllm_worker_ext import (
+    SERVED_RTOL,
+    compare_checksums,
+    expected_served,
+    model_checksums,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -146,3 +151,46 @@ def test_bf16_syncs_pass_for_many_steps_and_a_stale_server_is_caught(served):
         flag.unlink()
         new, metrics = sync(new_model, STEPS + 2)
         assert metrics["probe/distinct"] == STEPS + 1 and sampler.policy_version == STEPS + 2
+
+
+def test_at_the_papers_lr_the_served_parameters_tell_a_stale_server(served):
+    """At lr 1e-6 (the paper's) a step moves the probe by less than bf16's noise, so only
+    the served parameters tell a stale server: the sums of what the engine computes with
+    (linear weights read back through its prepacked kernels) equal the trainer's params
+    rounded to bf16 after every real sync, and not after a reload that kept the old ones."""
+    root, tokenizer, _, sampler, flag = served
+    ids = tokenizer.encode(PROBE_TEXT)
+    model = _router()
+    trainer = Trainer(model, OptimConfig(lr=1e-6), LossConfig(micro_batch_size=4, kl_coef=0.0))
+
+    def sync(new_model, version):
+        return sampler.sync_policy_step(ckpt.save(new_model, version), version,
+                                        expected=model_checksums(new_model),
+                                        served=served_sums(new_model))
+
+    with PolicyCheckpointer(root / "paper_lr", keep=2) as ckpt:
+        version = sampler.policy_version + 1
+        sync(model, version)
+        before = served_sums(model)
+        stepped = _step(trainer, 1)
+        sync(stepped, version + 1)
+        # the step changed what bf16 serves (so a stale server is detectable at all) ...
+        assert compare_checksums(served_sums(stepped), before, rtol=SERVED_RTOL)
+        old_probe = _probe_logprobs(stepped, ids)
+        flag.touch()
+        try:
+            stale_model = _step(trainer, 2)
+            new_probe = _probe_logprobs(stale_model, ids)
+            # ... while the probe cannot tell this step from the one before it.
+            served_probe = np.asarray(sampler.probe_logprobs(ids))
+            assert np.max(np.abs(new_probe - old_probe)) < tolerance("bfloat16")
+            assert np.max(np.abs(served_probe - new_probe)) <= tolerance("bfloat16")
+            with pytest.raises(SidecarError, match="the weights the server computes with"):
+                sync(stale_model, version + 2)
+        finally:
+            flag.unlink()
+        sync(stale_model, version + 3)  # a reload that takes effect passes again
+
+
+def served_sums(model: Qwen3) -> dict[str, list[float]]:
+    return expected_served(model, "bfloat16")

@@ -6,8 +6,10 @@ boot from (``OUT/sidecar/initial_hf``; server log and vLLM cache under ``OUT/sid
 ``rollout.vllm.url`` names a running server. After that the hot path has no HF export: every
 policy step the trainer writes anyway (orbax) is synced into the server in place and verified
 (`VllmSidecarSampler.sync_policy_step`) against the trainer's own params: per-tensor checksums
-and the logprobs of a fixed probe sequence. ``rollout.vllm.transport: hf`` is the fallback: each
-step is exported as HF safetensors and loaded the same way.
+of what was loaded and of what the engine then computes with (its linear weights read back
+through its own kernels), and the logprobs of a fixed probe sequence.
+``rollout.vllm.transport: hf`` is the fallback: each step is exported as HF safetensors and
+loaded the same way.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from jax_routeweaver.sampling.vllm_server import (
     VllmServer,
 )
 from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
-from jax_routeweaver.sampling.vllm_worker_ext import model_checksums
+from jax_routeweaver.sampling.vllm_worker_ext import expected_served, model_checksums
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,9 +157,10 @@ class Sidecar:
             extra["sync/export_s"] = time.perf_counter() - started
         new = self._probe_logprobs(model)
         probe = Probe(self.probe_ids, new, tuple(self.history), self.atol, self.noise)
-        timings = self.sampler.sync_policy_step(step_dir, version, probe=probe,
-                                                expected=model_checksums(model),
-                                                transport=self.transport)
+        timings = self.sampler.sync_policy_step(
+            step_dir, version, probe=probe, expected=model_checksums(model),
+            served=expected_served(model, self.settings["dtype"]),
+            transport=self.transport)
         self.history.appendleft(new)
         if self.transport == "hf":
             for old in self.exports.iterdir():

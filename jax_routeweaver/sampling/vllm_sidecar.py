@@ -56,7 +56,11 @@ from jax_routeweaver.sampling.base import (
 from jax_routeweaver.sampling.constraints import Grammar
 from jax_routeweaver.sampling.probe_check import Probe, verdict
 from jax_routeweaver.sampling.vllm_server import SidecarError, VllmServer
-from jax_routeweaver.sampling.vllm_worker_ext import compare_checksums
+from jax_routeweaver.sampling.vllm_worker_ext import (
+    SERVED_RTOL,
+    compare_checksums,
+    sum_workers,
+)
 
 __all__ = ["VllmSidecarSampler"]
 
@@ -247,6 +251,7 @@ class VllmSidecarSampler:
     def sync_policy_step(self, step_dir: str | Path, version: int, *,
                          expected: dict[str, list[float]],
                          probe: Probe | tuple[Sequence[int], Sequence[float]] | None = None,
+                         served: dict[str, list[float]] | None = None,
                          atol: float = 1e-3, retries: int = 1,
                          transport: str = "orbax") -> dict[str, float]:
         """Load the orbax policy step at `step_dir` (transport "hf": an HF safetensors
@@ -254,7 +259,10 @@ class VllmSidecarSampler:
         pause -> load in place (`vllm_worker_ext`) -> reset the prefix cache -> resume ->
         verify -> set the server's weight version. Verified means: the checksums of what
         each worker loaded equal `expected` (`vllm_worker_ext.model_checksums` of the
-        trainer's params) and the server's prompt logprobs of the `probe` pass
+        trainer's params); with `served` (`vllm_worker_ext.expected_served`),
+        the sums of what the engine computes with after the load
+        (`PolicyWeightLoader.served_checksums`, over all workers) equal it within
+        `SERVED_RTOL`; and the server's prompt logprobs of the `probe` pass
         `probe_check.verdict` (agree with the new version's within its atol and, where the
         versions can be told apart, lie nearer the new version than any earlier one; a
         plain (token ids, the trainer's logprobs of ids[1:]) tuple is agreement within
@@ -270,7 +278,7 @@ class VllmSidecarSampler:
             raise ValueError(f"transport={transport!r}: expected one of {sorted(LOADERS)}")
         for attempt in range(retries + 1):
             try:
-                args = (Path(step_dir), version, expected, probe, LOADERS[transport])
+                args = (Path(step_dir), version, expected, probe, LOADERS[transport], served)
                 timings = self._sync_once(*args)
                 self._version, self._last_sync, self._unverified = int(version), args, None
                 return timings | {"sync/attempts": float(attempt + 1)}
@@ -299,7 +307,8 @@ class VllmSidecarSampler:
         return [entry[str(int(t))]["logprob"]
                 for t, entry in zip(ids[1:], choice["prompt_logprobs"][1:], strict=True)]
 
-    def _sync_once(self, step_dir, version, expected, probe, loader) -> dict[str, float]:
+    def _sync_once(self, step_dir, version, expected, probe, loader, served=None
+                   ) -> dict[str, float]:
         self._ensure_server()
         started = time.perf_counter()
         with httpx.Client(base_url=self.url, timeout=self._timeout) as client:
@@ -310,6 +319,8 @@ class VllmSidecarSampler:
             try:
                 loaded = self._rpc(client, "/collective_rpc", json={
                     "method": loader, "args": [str(step_dir.absolute())]})
+                computed = None if served is None else self._rpc(
+                    client, "/collective_rpc", json={"method": "served_checksums"})
                 self._rpc(client, "/reset_prefix_cache")
             finally:
                 self._rpc(client, "/resume")
@@ -319,6 +330,13 @@ class VllmSidecarSampler:
                 if bad:
                     raise SidecarError(f"the weights loaded from {step_dir} differ from the "
                                        f"trainer's: {bad[:5]} ({len(bad)} tensors)")
+            if computed is not None:
+                bad = compare_checksums(sum_workers(computed["results"]), served,
+                                        rtol=SERVED_RTOL)
+                if bad:
+                    raise SidecarError(f"the weights the server computes with after loading "
+                                       f"{step_dir} are not the trainer's: {bad[:5]} "
+                                       f"({len(bad)} tensors)")
             metrics: dict[str, float] = {}
             if probe is not None:
                 why, found = verdict(self.probe_logprobs(probe.ids), probe)

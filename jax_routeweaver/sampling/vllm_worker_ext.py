@@ -16,8 +16,16 @@ load weights") and generates wrong tokens; the loader therefore also sends `lm_h
 
 It returns `checksums` (`[sum, sum of squares]` in float64 per HF tensor) of exactly what it
 loaded; the trainer compares them with `model_checksums` of its own params, which catches a stale
-or corrupt step on disk. (The served parameters themselves cannot be summed on every backend:
-on CPU the linear weights live only inside prepacked kernels.)
+or corrupt step on disk.
+
+`served_checksums()` sums what the engine then computes with. On CPU the linear layers keep
+their weights only inside prepacked oneDNN or SGL kernels (the stored `weight` is emptied), so
+each linear weight is read back through the layer's own kernel: its products with identity
+rows, each output one weight times 1 plus zeros, exact in any dtype. Embeddings, norms and
+biases are read as stored (an embedding's padding rows left out). The trainer compares them
+with `expected_served(model, <served dtype>)`: its params rounded as the server rounds them,
+so a server that kept older weights is told apart however small the step (as far as the
+served dtype can tell the weights apart at all).
 """
 
 from __future__ import annotations
@@ -35,7 +43,13 @@ from jax_routeweaver.models.hf import SafetensorsReader, active_rules, hf_arrays
 from jax_routeweaver.models.policy_step import read_step
 from jax_routeweaver.models.qwen3 import Qwen3
 
-__all__ = ["PolicyWeightLoader", "checksums", "compare_checksums", "model_checksums"]
+__all__ = ["SERVED_RTOL", "PolicyWeightLoader", "checksums", "compare_checksums",
+           "expected_served", "model_checksums", "sum_workers"]
+
+# `served_checksums` against `model_checksums(model, dtype)`: the same rounded values, summed
+# in float64 there and in float32 (pairwise, on device) here.
+SERVED_RTOL = 1e-5
+_READBACK_ROWS = 256  # identity rows per product when reading a linear weight back
 
 def checksums(tensors: Iterable[tuple[str, np.ndarray]]) -> dict[str, list[float]]:
     """`{HF name: [sum, sum of squares]}` (float64) of host tensors."""
@@ -46,14 +60,16 @@ def checksums(tensors: Iterable[tuple[str, np.ndarray]]) -> dict[str, list[float
     return out
 
 
-def model_checksums(model: Qwen3) -> dict[str, list[float]]:
+def model_checksums(model: Qwen3, dtype: str | None = None) -> dict[str, list[float]]:
     """`checksums` of `model`'s HF tensors (tied head excluded), summed on its devices in
-    float32: no host copy of the weights, so it scales to sharded models."""
+    float32: no host copy of the weights, so it scales to sharded models. `dtype`: each
+    tensor rounded to it first (the served dtype, as the server's load rounds it)."""
     cfg = model.config
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     out: dict[str, list[float]] = {}
     for rule in active_rules(cfg):
-        a = jnp.asarray(flat[rule.path][...], jnp.float32)
+        a = flat[rule.path][...]
+        a = jnp.asarray(a.astype(dtype) if dtype else a, jnp.float32)
         axes = tuple(range(1 if rule.per_layer else 0, a.ndim))
         sums = np.atleast_1d(np.asarray(jnp.sum(a, axis=axes), np.float64))
         squares = np.atleast_1d(np.asarray(jnp.sum(a * a, axis=axes), np.float64))
@@ -73,6 +89,26 @@ def compare_checksums(loaded: dict[str, list[float]], expected: dict[str, list[f
         if abs(s - es) > scale or abs(q - eq) > scale:
             bad.append(f"{name} (sum {s:.6g} vs {es:.6g}, sumsq {q:.6g} vs {eq:.6g})")
     return bad
+
+
+def expected_served(model: Qwen3, dtype: str) -> dict[str, list[float]]:
+    """What `served_checksums` must find for `model` served in `dtype`: `model_checksums`
+    rounded to `dtype`, and for tied embeddings ``lm_head.weight`` too, equal to the
+    embedding (vLLM keeps a head of its own that must compute with it)."""
+    out = model_checksums(model, dtype=dtype)
+    if model.config.tie_word_embeddings:
+        out["lm_head.weight"] = list(out["model.embed_tokens.weight"])
+    return out
+
+
+def sum_workers(results: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Per-tensor sums over the workers' shards (tensor parallel: each holds a slice)."""
+    out: dict[str, list[float]] = {}
+    for result in results:
+        for name, (s, q) in result.items():
+            a = out.setdefault(name, [0.0, 0.0])
+            a[0], a[1] = a[0] + s, a[1] + q
+    return out
 
 
 class PolicyWeightLoader:
@@ -119,3 +155,72 @@ class PolicyWeightLoader:
                                              is_checkpoint_format=True)
         return {"tensors": len(sums), "checksums": sums, "read_s": read_s,
                 "load_s": time.perf_counter() - started}
+
+    def served_checksums(self) -> dict[str, list[float]]:
+        """`[sum, sum of squares]` (float64) per HF tensor of this worker's shard of what the
+        engine computes with (module doc): linear weights read back through their kernels,
+        the other parameters as stored."""
+        import torch
+        from vllm.model_executor.layers.linear import LinearBase
+        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+        model = self.model_runner.model
+        packed = getattr(model, "packed_modules_mapping", {})
+        out: dict[str, list[float]] = {}
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                parts = _hf_parts(name, packed)
+                if isinstance(module, LinearBase):
+                    sizes = list(module.output_partition_sizes)
+                    for part, sums in zip(parts, _read_back(module, sizes), strict=True):
+                        out[f"{part}.weight"] = sums
+                elif isinstance(module, VocabParallelEmbedding):
+                    # The stored table (lookups read it); a head computes with it too (a
+                    # prepacked copy is made from it at load, the table itself kept).
+                    rows = module.weight[:module.shard_indices.num_org_elements]
+                    out[f"{parts[0]}.weight"] = _sums(rows)
+                for pname, p in module.named_parameters(recurse=False):
+                    if pname == "weight" and isinstance(module, (LinearBase,
+                                                                 VocabParallelEmbedding)):
+                        continue
+                    if pname == "bias" and len(parts) > 1:  # a packed bias, split as its rows
+                        sizes = list(module.output_partition_sizes)
+                        for part, piece in zip(parts, torch.split(p, sizes), strict=True):
+                            out[f"{part}.bias"] = _sums(piece)
+                    else:
+                        out[f"{parts[0]}.{pname}"] = _sums(p)
+        return out
+
+
+def _hf_parts(name: str, packed: dict[str, list[str]]) -> list[str]:
+    """The HF module names a vLLM module holds: a packed one (``qkv_proj``) its parts."""
+    head, _, last = name.rpartition(".")
+    if last in packed:
+        return [f"{head}.{part}" if head else part for part in packed[last]]
+    return [name]
+
+
+def _sums(t: Any) -> list[float]:
+    import torch
+
+    a = t.detach().to(torch.float64)
+    return [float(a.sum()), float((a * a).sum())]
+
+
+def _read_back(layer: Any, sizes: list[int]) -> list[list[float]]:
+    """Sums of each output block of a linear layer's weight, read through its own kernel:
+    identity rows in, the weight's columns out (`quant_method.apply`, no bias)."""
+    import torch
+
+    width = layer.input_size_per_partition
+    dtype, device = layer.weight.dtype, layer.weight.device  # kept, if emptied, on CPU
+    totals = [[0.0, 0.0] for _ in sizes]
+    for start in range(0, width, _READBACK_ROWS):
+        n = min(_READBACK_ROWS, width - start)
+        eye = torch.zeros((n, width), dtype=dtype, device=device)
+        eye[torch.arange(n), start + torch.arange(n)] = 1
+        columns = layer.quant_method.apply(layer, eye, None).to(torch.float64)
+        for total, block in zip(totals, torch.split(columns, sizes, dim=1), strict=True):
+            total[0] += float(block.sum())
+            total[1] += float((block * block).sum())
+    return totals
