@@ -41,6 +41,7 @@ __all__ = [
     "QWEN3_CHAT_TEMPLATE",
     "QWEN3_VOCAB_SIZE",
     "build_qwen3_tokenizer",
+    "cache_root",
     "load_tokenizer",
     "longest_token_bytes",
 ]
@@ -188,7 +189,7 @@ def build_qwen3_tokenizer(
     eos ``<|im_end|>``, pad ``<|endoftext|>``, no bos, ``model_max_length`` 262144 and
     :data:`QWEN3_CHAT_TEMPLATE` as its chat template.
     """
-    target = _cache_root(cache_dir) / _QWEN3_CACHE_SUBDIR
+    target = cache_root(cache_dir) / _QWEN3_CACHE_SUBDIR
     vocab_file = _qwen_tiktoken_file()
     stamp = _build_stamp(vocab_file)
 
@@ -210,7 +211,9 @@ def build_qwen3_tokenizer(
     return _load_cached(target, stamp)
 
 
-def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The project's cache directory: `cache_dir`, else ``$ROUTEWEAVER_CACHE``, else
+    ``~/.cache/jax_routeweaver`` (the tokenizer's and the stand-in's caches live there)."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
     from_env = os.environ.get(CACHE_ENV_VAR)

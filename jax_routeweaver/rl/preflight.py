@@ -30,7 +30,7 @@ from rich.markup import escape
 
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.models.config import ModelConfig
-from jax_routeweaver.models.tokenizer import CACHE_ENV_VAR
+from jax_routeweaver.models.tokenizer import CACHE_ENV_VAR, cache_root
 from jax_routeweaver.rewards.feedback import runs_programs
 from jax_routeweaver.rewards.sandbox import (
     ISOLATION_ENV,
@@ -131,24 +131,22 @@ def preflight(cfg: TrainConfig, console: Console) -> list[Record]:
 
 def _directory_problems(cfg: TrainConfig) -> list[str]:
     """The run's directories that can neither be written nor made."""
-    wanted = [("out_dir", Path(cfg.out_dir))]
+    fix = f" (set ${CACHE_ENV_VAR} to a writable directory)"
+    wanted = [("out_dir", Path(cfg.out_dir), "")]
     if cfg.model.init == "stand-in":
-        wanted.append(("the stand-in cache", stand_in.cache_root(cfg.model.stand_in.cache_dir)))
+        wanted.append(("the stand-in cache", stand_in.cache_root(cfg.model.stand_in.cache_dir),
+                       fix))
     if cfg.model.tokenizer in ("qwen3", "qwen3-pruned"):
-        base = os.environ.get(CACHE_ENV_VAR)
-        wanted.append(("the tokenizer cache", Path(base) if base else
-                       Path.home() / ".cache" / "jax_routeweaver"))
+        wanted.append(("the tokenizer cache", cache_root(), fix))
     problems = []
-    for what, path in wanted:
+    for what, path, hint in wanted:
         existing = _nearest_existing(path)
         if not os.path.isdir(existing):
             problems.append(f"{what} {path}: {existing} is not a directory")
         elif not os.access(existing, os.W_OK | os.X_OK):
             how = "is not writable" if existing == path else "cannot be made"
             problems.append(f"{what} {path} {how} by uid {os.geteuid()} ({existing} is not "
-                            "writable)"
-                            + (f" (set ${CACHE_ENV_VAR} to a writable directory)"
-                               if "cache" in what else ""))
+                            f"writable){hint}")
     return problems
 
 

@@ -67,7 +67,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -86,6 +85,7 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sentence_encoder import Embedder
+from jax_routeweaver.models.tokenizer import cache_root as project_cache
 from jax_routeweaver.rl import cloning
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import prompts
@@ -106,11 +106,7 @@ Demonstrate = Callable[[Sequence[Record]], list[Trajectory]]
 def cache_root(configured: str) -> Path:
     """``configured``, else ``$ROUTEWEAVER_CACHE/stand_in``, else
     ``~/.cache/jax_routeweaver/stand_in``."""
-    if configured:
-        return Path(configured)
-    base = os.environ.get("ROUTEWEAVER_CACHE")
-    return Path(base) / "stand_in" if base else \
-        Path.home() / ".cache" / "jax_routeweaver" / "stand_in"
+    return Path(configured) if configured else project_cache() / "stand_in"
 
 
 def decision_inputs(tokenizer: Any, questions: Sequence[str]
