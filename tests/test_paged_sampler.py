@@ -72,7 +72,8 @@ def constraints(tokenizer) -> GrammarConstraints:
 def dense_sampler(model: Qwen3, **kw) -> JaxSampler:
     # One group shape for every call below: fewer compiles.
     kw = {"decode": letters, **kw}
-    return JaxSampler(model, prompt_buckets=(32,), batch_buckets=(16,), group_cost=None, **kw)
+    return JaxSampler(model, kv_cache="dense", prompt_buckets=(32,), batch_buckets=(16,),
+                      group_cost=None, **kw)
 
 
 def paged_sampler(model: Qwen3, options: PagedConfig = OPTIONS, **kw) -> JaxSampler:

@@ -93,8 +93,8 @@ SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
 def test_reuse_generates_what_full_prefill_does(model, devices, params, mesh_shape):
     mesh = None if mesh_shape is None else make_mesh(mesh_shape, devices[:4])
     kw = dict(prompt_buckets=BUCKETS, mesh=mesh, rules=SAMPLE_RULES)
-    full = JaxSampler(model, **kw)
-    reuse = JaxSampler(model, prefix_cache_mb=64, **kw)
+    full = JaxSampler(model, kv_cache="dense", **kw)
+    reuse = JaxSampler(model, kv_cache="dense", prefix_cache_mb=64, **kw)
     a1, a2 = two_turns(full, params)
     b1, b2 = two_turns(reuse, params)
     # Rows 0-2 of turn 2 reused their turn-1 rows: the 70-token one needs only the last bucket
@@ -108,7 +108,7 @@ def test_reuse_generates_what_full_prefill_does(model, devices, params, mesh_sha
 
 
 def test_no_reuse_without_a_shorter_tail_and_the_store_empties_on_new_weights(model):
-    sampler = JaxSampler(model, prompt_buckets=BUCKETS, prefix_cache_mb=64)
+    sampler = JaxSampler(model, kv_cache="dense", prompt_buckets=BUCKETS, prefix_cache_mb=64)
     sampler.generate([seq(1, 40)], GREEDY)
     # A 100-token newcomer needs the whole prompt bucket: nothing is reused.
     sampler.generate([[*seq(1, 40), 5], seq(7, 100)], GREEDY)

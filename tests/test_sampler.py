@@ -48,7 +48,7 @@ def jax_model(tiny_hf_dir) -> Qwen3:
 
 @pytest.fixture(scope="module")
 def sampler(jax_model) -> JaxSampler:
-    return JaxSampler(jax_model, decode=letters)
+    return JaxSampler(jax_model, kv_cache="dense", decode=letters)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,8 @@ def _shortest_hit(tokens: list[int], stops: tuple[str, ...]) -> int | None:
 @pytest.mark.parametrize("interval", [3, None])
 def test_stop_string_cuts_tokens_and_logprobs(sampler, jax_model, reference, interval):
     if interval is not None:  # host checks every 3 steps (the default sampler: every 32)
-        sampler = JaxSampler(jax_model, decode=letters, stop_check_interval=interval)
+        sampler = JaxSampler(jax_model, kv_cache="dense", decode=letters,
+                             stop_check_interval=interval)
     tokens0 = reference[0][0]
     spanning = letters(tokens0[5:7])[1:3]  # 2nd letter of token 5 + 1st of token 6
     stops = (spanning, "zzzz")
@@ -146,7 +147,7 @@ def test_stop_string_cuts_tokens_and_logprobs(sampler, jax_model, reference, int
 
 def test_stop_strings_end_the_device_loop_early(jax_model):
     # Every token's text ends in an upper-case letter A..G: all rows stop at their first token.
-    sampler = JaxSampler(jax_model, decode=letters, stop_check_interval=3)
+    sampler = JaxSampler(jax_model, kv_cache="dense", decode=letters, stop_check_interval=3)
     calls = []
     compiled = sampler._decode
     sampler._decode = lambda *a, **k: calls.append(1) or compiled(*a, **k)
@@ -167,7 +168,7 @@ def test_big_seeds_stay_distinct(sampler):
 
 def test_stop_strings_need_decode(jax_model):
     with pytest.raises(ValueError, match="decode"):
-        JaxSampler(jax_model).generate([[1]], SamplingParams(stop_strings=("x",)))
+        JaxSampler(jax_model, kv_cache="dense").generate([[1]], SamplingParams(stop_strings=("x",)))
 
 
 # ------------------------------------------------------------------------------ stop helper
@@ -279,7 +280,7 @@ def test_sample_logits_distribution():
 # ------------------------------------------------------------------------------ sharded
 def test_sharded_greedy_equals_unsharded(tiny_hf_dir, sampler, devices):
     mesh = make_mesh((2, 2, 2))
-    sharded = JaxSampler(load_hf(tiny_hf_dir), mesh=mesh, decode=letters)
+    sharded = JaxSampler(load_hf(tiny_hf_dir), kv_cache="dense", mesh=mesh, decode=letters)
     want = sampler.generate(PROMPTS, GREEDY)
     got = sharded.generate(PROMPTS, GREEDY)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
@@ -363,8 +364,8 @@ def test_cutting_a_call_into_groups_keeps_every_rows_tokens(jax_model, greedy):
     params = SamplingParams(greedy=greedy, temperature=1.0, max_new_tokens=MAX_NEW, seed=5)
     runs = {}
     for name, cost, new_shape in (("one", None, 0), ("rows", 0, 0), ("default", 64, 16384)):
-        s = JaxSampler(jax_model, prompt_buckets=(8, 16, 32, 64, 128), group_cost=cost,
-                       new_shape_cost=new_shape)
+        s = JaxSampler(jax_model, kv_cache="dense", prompt_buckets=(8, 16, 32, 64, 128),
+                       group_cost=cost, new_shape_cost=new_shape)
         runs[name] = (s.generate(prompts, params), s.trace_count)
     # Prefill + decode traces: one of each for the single group, and for 0: one per shape.
     assert runs["one"][1] == 2 and runs["rows"][1] > 4
@@ -386,8 +387,8 @@ def test_calls_settle_on_compiled_shapes(jax_model):
     params = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=3)
     out = {}
     for new_shape_cost in (0, 10**6):
-        s = JaxSampler(jax_model, prompt_buckets=(8, 16, 32, 64, 128), group_cost=0,
-                       new_shape_cost=new_shape_cost)
+        s = JaxSampler(jax_model, kv_cache="dense", prompt_buckets=(8, 16, 32, 64, 128),
+                       group_cost=0, new_shape_cost=new_shape_cost)
         s.generate([[7] * 70] * 8, params)
         traced = s.trace_count
         out[new_shape_cost] = s.generate(prompts, params)
@@ -404,8 +405,8 @@ def test_shape_state_steers_a_fresh_samplers_cuts(jax_model):
     prompts = [[3 + i] * (5 if i < 4 else 70) for i in range(8)]
     params = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=3)
     n = new_token_bucket(MAX_NEW)
-    make = lambda: JaxSampler(jax_model, prompt_buckets=(8, 16, 32, 64, 128), group_cost=0,
-                              new_shape_cost=10**6)
+    make = lambda: JaxSampler(jax_model, kv_cache="dense", prompt_buckets=(8, 16, 32, 64, 128),
+                              group_cost=0, new_shape_cost=10**6)
     loaded, fresh = make(), make()
     loaded.load_shape_state([[4, 8, n], [4, 128, n]])
     loaded.generate(prompts, params)
@@ -415,7 +416,7 @@ def test_shape_state_steers_a_fresh_samplers_cuts(jax_model):
 
 
 def test_no_recompile_within_a_bucket(jax_model):
-    s = JaxSampler(jax_model)
+    s = JaxSampler(jax_model, kv_cache="dense")
     s.generate([[1, 2, 3], [4] * 7, [5]], GREEDY)
     traced = s.trace_count
     assert traced == 2  # one prefill, one decode loop
@@ -435,7 +436,7 @@ def test_no_recompile_within_a_bucket(jax_model):
 
 def test_batch_and_prompt_overflow_buckets(jax_model, reference):
     # 3 prompts over batch bucket 2 -> two groups; an 11-token prompt over bucket 4 -> 12.
-    s = JaxSampler(jax_model, batch_buckets=(2,), prompt_buckets=(4,))
+    s = JaxSampler(jax_model, kv_cache="dense", batch_buckets=(2,), prompt_buckets=(4,))
     assert [c.token_ids for c in s.generate(PROMPTS, GREEDY)] == [r[0] for r in reference]
 
 
@@ -450,8 +451,9 @@ def other_dir(tmp_path_factory):
 def test_update_weights_changes_outputs_and_version(tiny_hf_dir, other_dir, reference,
                                                     devices):
     other = load_hf(other_dir)
-    want = JaxSampler(other).generate(PROMPTS, GREEDY)
-    s = JaxSampler(load_hf(tiny_hf_dir), mesh=make_mesh((2, 2, 2)), rules=SAMPLE_RULES)
+    want = JaxSampler(other, kv_cache="dense").generate(PROMPTS, GREEDY)
+    s = JaxSampler(load_hf(tiny_hf_dir), kv_cache="dense", mesh=make_mesh((2, 2, 2)),
+                   rules=SAMPLE_RULES)
     assert [c.token_ids for c in s.generate(PROMPTS, GREEDY)] == [r[0] for r in reference]
     traced = s.trace_count
     s.update_weights(other, 3)
@@ -469,7 +471,7 @@ def test_update_weights_changes_outputs_and_version(tiny_hf_dir, other_dir, refe
 
 
 def test_update_weights_rejects_other_shapes_and_dtypes(jax_model, tiny_hf_dir):
-    s = JaxSampler(jax_model)
+    s = JaxSampler(jax_model, kv_cache="dense")
     wider = Qwen3(jax_model.config.replace(intermediate_size=96), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"layers\.down_proj.*expected float32\[2, 128, 64\]"):
         s.update_weights(wider, 1)
@@ -515,6 +517,6 @@ def test_bad_prompts_and_constructor(sampler, jax_model):
         sampler.generate([[1, 256]], GREEDY)
     assert sampler.generate([], GREEDY) == []
     with pytest.raises(ValueError, match="pad_id"):
-        JaxSampler(jax_model, pad_id=-1)
+        JaxSampler(jax_model, kv_cache="dense", pad_id=-1)
     with pytest.raises(ValueError, match="batch_buckets"):
-        JaxSampler(jax_model, batch_buckets=(1, 2), mesh=make_mesh((2, 2, 2)))
+        JaxSampler(jax_model, kv_cache="dense", batch_buckets=(1, 2), mesh=make_mesh((2, 2, 2)))

@@ -353,15 +353,15 @@ class _Run:
 
     def release_rollout_memory(self) -> dict[str, float]:
         """Hand the rollout's device memory to the update (the sidecar's, under time-shared
-        placement, and the prefix cache's); returns the prefix cache's hit counts."""
+        placement, and the dense prefix store's); returns the prompts and tokens the
+        in-process sampler reused from cached keys and values."""
         if self.sidecar is not None:
             self.sidecar.release()
-        prefix = getattr(self.sampler, "prefix_store", None)
-        if prefix is None:
+        take = getattr(self.sampler, "take_prefix_counts", None)
+        if take is None:
             return {}
-        hits = {"rollout/prefix_hits": prefix.hits, "rollout/prefix_tokens": prefix.reused}
-        prefix.clear()  # its caches would otherwise stay in device memory for the update
-        return hits
+        hits, tokens = take()
+        return {"rollout/prefix_hits": hits, "rollout/prefix_tokens": tokens}
 
     def score(self, rollout: Rollout) -> tuple[list[Rewards], list[Any] | None]:
         """The dialect's verdicts and rewards, one row per trajectory."""

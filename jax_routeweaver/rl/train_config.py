@@ -205,8 +205,12 @@ class RolloutConfig:
     tokens; for comparison). ``prompt_buckets``: the in-process sampler's prompt lengths,
     increasing (empty = its default, steps of 1.5x and 2x: little padding, more compiles;
     fewer buckets compile less, which pays in short runs). ``kv_cache``: the in-process
-    sampler's KV cache, "dense" (one (prompt + max_new_tokens)-slot cache per row) or "paged"
-    (``paged``: a page pool sized by a budget, continuous batching, shared prefixes)."""
+    sampler's KV cache, "paged" (the default; ``paged``: a page pool sized by a budget,
+    continuous batching, shared prefixes) or "dense" (one (prompt + max_new_tokens)-slot
+    cache per row; faster only where every row of a call has the same prompt and completion
+    length, and it splits rows over the mesh's batch axes where the paged engine replicates
+    them: docs/paged_sampler.md, "Which engine"). ``prefix_cache_mb``, ``prompt_buckets``
+    apply to "dense" only."""
 
     dialect: Literal["routeweaver", "router_r1"] = "routeweaver"  # the episode's dialect
     sampler: Literal["jax", "vllm"] = "jax"  # in process, or the vLLM sidecar (``vllm``)
@@ -224,7 +228,7 @@ class RolloutConfig:
     prefix_cache_mb: float = bounded(0.0, "[0, inf)")  # MB; 0 = off
     device_choices: bool = True  # finite-choice turns decoded on device (false: host masks)
     prompt_buckets: tuple[int, ...] = bounded((), "[1, inf)")  # tokens, increasing
-    kv_cache: Literal["dense", "paged"] = "dense"  # the in-process sampler's KV cache
+    kv_cache: Literal["paged", "dense"] = "paged"  # the in-process sampler's KV cache
     paged: PagedCacheConfig = dataclasses.field(default_factory=PagedCacheConfig)  # kv_cache paged
     # the action protocol (dialect routeweaver)
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)

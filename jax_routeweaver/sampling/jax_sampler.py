@@ -1,8 +1,10 @@
 """`JaxSampler`: batched generation with a `Qwen3` in this process (jitted prefill + decode loop).
 
 This module holds the sampler itself: its construction, the `Sampler` protocol (weights,
-versions, seeds, shape state) and `generate`, which checks a call, sorts its prompts by length
-and cuts them into groups. The dense path that runs those groups is spread over:
+versions, seeds, shape state) and `generate`, which checks a call and hands it to one of two
+engines. The default, `kv_cache="paged"`, is `paged_engine` (continuous batching over a page
+pool). `kv_cache="dense"` sorts the prompts by length and cuts them into groups, each with
+its own dense cache; that path is spread over:
 
     dense_buckets  the shape buckets a group pads to, and where a call is cut into groups
     dense_groups   one group on the host: its prefill (reusing stored prefixes), the decode
@@ -10,7 +12,9 @@ and cuts them into groups. The dense path that runs those groups is spread over:
     dense_steps    the compiled prefill, prefix copy and decode loop, and the layout of their
                    arrays on a mesh
 
-With `kv_cache="paged"` it generates through `paged_engine` instead.
+The dense path is faster only where every row of a call has the same prompt and completion
+length, and it splits a call's rows over the mesh's batch axes (the paged engine replicates
+them); docs/paged_sampler.md, "Which engine", has the figures.
 """
 
 from __future__ import annotations
@@ -49,11 +53,19 @@ class JaxSampler(DenseGroups):
     """Generates with a `Qwen3` on this process's devices; implements `sampling.base.Sampler`.
 
     `decode` (token ids -> text) is needed only for stop strings. With `mesh`, parameters are
-    placed by `rules` (default SAMPLE_RULES: tensor parallel, replicated over fsdp), the batch
-    is split over the `batch` rule and the KV cache over batch and kv heads. The sampler keeps
+    placed by `rules` (default SAMPLE_RULES: tensor parallel, replicated over fsdp); the dense
+    path splits the batch over the `batch` rule and its KV cache over batch and kv heads, the
+    paged engine its pool over kv heads (see `paged_engine`). The sampler keeps
     its own reference to the weights (aliasing the given model's arrays when no move is needed;
     don't donate them elsewhere); `update_weights` copies. With stop strings the host checks
     the text every `stop_check_interval` decode steps and ends finished rows' work.
+
+    `kv_cache="paged"` (the default; `paged`: its `PagedConfig`, or a config section with
+    those fields) generates through `paged_engine`: a page pool of a fixed budget, continuous
+    batching over `max_rows` slots, shared prefix pages and an episode's earlier turns kept in
+    place. `kv_cache="dense"` runs the groups of `dense_groups`; the options below down to
+    `new_shape_cost` apply to it only. Both give the same tokens and logprobs (up to float
+    summation order).
 
     `prefix_cache_mb`: memory for reusing earlier calls' KV caches (see `dense_groups`;
     0 turns it off; `prefix_store.hits` / `.reused` count prompts and tokens reused).
@@ -62,12 +74,6 @@ class JaxSampler(DenseGroups):
     worth (`length_groups`); None runs each call in groups of the largest batch bucket.
     `new_shape_cost`: what a group of a (batch, prompt) bucket pair this sampler has not run
     yet costs on top (its compiles), so calls settle on shapes already compiled.
-
-    `kv_cache="paged"` (`paged`: its `PagedConfig`, or a config section with those fields)
-    generates through `paged_engine` instead: a page pool of a fixed budget, continuous
-    batching over `max_rows` slots, shared prefix pages and an episode's earlier turns kept in
-    place (the prefix store is then off). Same tokens and logprobs (up to float summation
-    order); the buckets and cuts above do not apply.
 
     `trace_count` counts traces of the compiled functions (each one a compile): tests and logs
     use it to check that calls within a bucket reuse compiled code.
@@ -82,7 +88,7 @@ class JaxSampler(DenseGroups):
                  constraints: GrammarConstraints | None = None,
                  prefix_cache_mb: float = 0.0, device_choices: bool = True,
                  group_cost: int | None = GROUP_COST,
-                 new_shape_cost: int = NEW_SHAPE_COST, kv_cache: str = "dense",
+                 new_shape_cost: int = NEW_SHAPE_COST, kv_cache: str = "paged",
                  paged: PagedConfig | Any = None):
         self.config = model.config
         if kv_cache not in ("dense", "paged"):
@@ -160,6 +166,16 @@ class JaxSampler(DenseGroups):
     def load_shape_state(self, shapes: Sequence[Sequence[int]]) -> None:
         """Take `shape_state()`'s shapes as run (they compile on first use here)."""
         self._shapes = {(int(b), int(p), int(n)) for b, p, n in shapes}
+
+    def take_prefix_counts(self) -> tuple[int, int]:
+        """(prompts that reused cached keys and values, the tokens reused) since the last call
+        of this. The dense path's stored caches are dropped too (they would otherwise stay in
+        device memory through the update); the paged pool is allocated once and kept."""
+        if self.engine is not None:
+            return self.engine.take_counts()
+        counts = self.prefix_store.hits, self.prefix_store.reused
+        self.prefix_store.clear()
+        return counts
 
     def update_weights(self, weights: nnx.Module | nnx.State, version: int) -> None:
         """Replace the weights by those of `weights` (a same-architecture module, or the

@@ -19,9 +19,11 @@ schedule), stop tokens, stop strings (token-space cut, `base.apply_stop_strings`
 contract of `sampling.base`, `allowed` counts and finish reasons. Logprobs equal the dense
 path's up to float summation order.
 
-Compiled shapes: decode depends on (max_rows, page-table width M, steps, greedy, truncation,
-grammar mode); prefill on (rows R, chunk C, width M). M, R and C are powers of two (M at least
-`MIN_WIDTH`), so a run compiles a handful of programs.
+Compiled shapes: decode depends on (slots S, page-table width M, steps, greedy, truncation,
+grammar mode), S the power of two past the highest live slot (at least `MIN_SLOTS`, at most
+`max_rows`: a call with few rows does not decode the idle slots); prefill on (rows R, chunk
+C, width M). S, M, R and C are powers of two (M at least `MIN_WIDTH`), so a run compiles a
+handful of programs.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class PagedEngine:
         self._logits = self.put(np.zeros((options.max_rows, config.vocab_size), np.float32))
         self.trace_count = 0
         self.last_call = CallStats()
+        self.hits = self.reused = 0  # since `take_counts`: admissions and tokens from cache
         self._decode = jax.jit(self._decode_impl,
                                static_argnames=("steps", "greedy", "truncate", "grammar"),
                                donate_argnames=("pool", "logits"))
@@ -106,6 +109,12 @@ class PagedEngine:
         """Bytes of the pool (keys and values, all devices' shards together)."""
         return self.cache.num_pages * self.options.page_size * kv_bytes_per_token(
             self.config, self._cache_dtype)
+
+    def take_counts(self) -> tuple[int, int]:
+        """(admissions whose prompt reused cached pages, prompt tokens reused) since the last
+        call of this; the counters restart."""
+        counts, self.hits, self.reused = (self.hits, self.reused), 0, 0
+        return counts
 
     def invalidate(self) -> None:
         """The weights changed: no page computed so far may be reused."""
@@ -121,6 +130,8 @@ class PagedEngine:
         self.cache.reset_stats()
         call.run()
         self.last_call = call.stats
+        self.hits += call.stats.prefix_hits
+        self.reused += call.stats.reused_tokens
         call.stats.peak_pages = self.cache.peak_used
         call.stats.allocated_pages = self.cache.allocated
         return [call.completion(row, version) for row in call.rows]
@@ -211,13 +222,16 @@ class PagedEngine:
                      table: jax.Array, slots: Slots, args: StepArgs, *, steps: int,
                      greedy: bool, truncate: str, grammar: str
                      ) -> tuple[PagePool, jax.Array, Slots, jax.Array, jax.Array]:
-        """Up to `steps` decode steps of every live slot (exits when all are done). logits
-        `[B, V]`: each slot's next-token logits; table `[B, M]` covers each live slot's
-        `lengths + steps` positions. Returns the pool, logits, slots and the sampled tokens
-        and logprobs `[B, steps]` (pad / 0 where a slot did not sample)."""
+        """Up to `steps` decode steps of the first S slots (S = the table's rows; exits when
+        all are done). logits `[max_rows, V]`: each slot's next-token logits (rows past S
+        untouched); table `[S, M]` covers each live slot's `lengths + steps` positions.
+        Returns the pool, logits, slots and the sampled tokens and logprobs `[S, steps]`
+        (pad / 0 where a slot did not sample)."""
         self.trace_count += 1
         model = self._merge(params)
-        B, V = logits.shape
+        every = logits
+        B, V = table.shape[0], logits.shape[1]
+        logits = every[:B]
         pad = self.pad_id
         allowed = unpack_bitmask(args.allowed, V) if grammar == "mask" else None
         is_stop = stop_token_mask(args.stop_ids, V)
@@ -255,4 +269,4 @@ class PagedEngine:
         init = (jnp.zeros((), jnp.int32), pool, logits, slots,
                 jnp.full((B, steps), pad, jnp.int32), jnp.zeros((B, steps), jnp.float32))
         _, pool, logits, slots, toks, lps = jax.lax.while_loop(cond, body, init)
-        return pool, logits, slots, toks, lps
+        return pool, every.at[:B].set(logits), slots, toks, lps

@@ -18,6 +18,7 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.paged_attention import ATTENTIONS
 
 MIN_WIDTH = 4           # smallest page-table width (pages per row) compiled
+MIN_SLOTS = 8           # fewest decode slots one launch runs (fewer compiled sizes)
 MIN_CHUNK = 16          # smallest prefill chunk compiled
 PREFILL_TOKENS = 8192   # most tokens (rows x chunk) one prefill call runs
 

@@ -32,14 +32,21 @@ from jax_routeweaver.sampling.constraints import (
     allowed_counts,
     choice_tables,
 )
-from jax_routeweaver.sampling.paged_options import MIN_CHUNK, MIN_WIDTH, PREFILL_TOKENS, pow2
+from jax_routeweaver.sampling.paged_options import (
+    MIN_CHUNK,
+    MIN_SLOTS,
+    MIN_WIDTH,
+    PREFILL_TOKENS,
+    pow2,
+)
 
 if TYPE_CHECKING:
     from jax_routeweaver.sampling.paged_engine import FlatParams, PagedEngine
 
 
 class Slots(NamedTuple):
-    """Per decode slot, `[B]` each (B = max_rows; empty slots are done)."""
+    """Per decode slot of a launch, `[S]` each (S <= max_rows: the first S slots; empty
+    slots are done)."""
 
     lengths: jax.Array  # int32: tokens in the slot's cache = position of the next token
     steps: jax.Array    # int32: tokens generated so far (the row's RNG step)
@@ -71,6 +78,7 @@ class CallStats:
 
     prefill_tokens: int = 0   # tokens run through prefill (not found in the cache)
     reused_tokens: int = 0    # prompt tokens found in the cache instead
+    prefix_hits: int = 0      # admissions whose prompt started with cached pages
     peak_pages: int = 0       # most pages in use at once
     allocated_pages: int = 0  # pages computed into
     preemptions: int = 0
@@ -231,6 +239,7 @@ class PagedCall:
         todo = [(row, row.seq(), start) for row, start in batch]
         self.stats.prefill_tokens += sum(len(seq) - start for _, seq, start in todo)
         self.stats.reused_tokens += sum(start for _, _, start in todo)
+        self.stats.prefix_hits += sum(start > 0 for _, _, start in todo)
         limit = self.e.options.prefill_chunk
         while todo:
             sized = sorted(((min(limit, pow2(len(seq) - start, MIN_CHUNK)), row, seq, start)
@@ -270,17 +279,20 @@ class PagedCall:
         self.stats.prefill_launches += 1
 
     def _decode(self) -> None:
-        """One launch of up to `steps` decode steps; the rows take their new tokens."""
-        rows = self.slots
+        """One launch of up to `steps` decode steps over the first S slots (S: the power of
+        two past the highest live slot; rows take the lowest free slots, so the live ones stay
+        packed and a call with few rows decodes few); the rows take their new tokens."""
+        last = max(i for i, r in enumerate(self.slots) if r is not None)
+        rows = self.slots[:min(self.B, pow2(last + 1, MIN_SLOTS))]
         width = pow2(max(len(self.cache.rows[r.index]) for r in rows if r is not None),
                      MIN_WIDTH)
         table = self.cache.table([None if r is None else r.index for r in rows], width)
         args = self.args
         if self.grammar == "mask":
-            args = args._replace(allowed=self.e.put(self._host_masks()))
+            args = args._replace(allowed=self.e.put(self._host_masks(rows)))
         out, toks, lps = self.e.run_decode(
-            self.params, table, self._slot_arrays(), args, steps=self.steps, greedy=self.greedy,
-            truncate=self.truncate, grammar=self.grammar)
+            self.params, table, self._slot_arrays(rows), args, steps=self.steps,
+            greedy=self.greedy, truncate=self.truncate, grammar=self.grammar)
         self.stats.decode_launches += 1
         for i, r in enumerate(rows):
             if r is None:
@@ -290,27 +302,29 @@ class PagedCall:
             r.logprobs.extend(lps[i, :n].tolist())
             r.done, r.stopped, r.node = bool(out.done[i]), bool(out.stopped[i]), int(out.node[i])
 
-    def _slot_arrays(self) -> Slots:
-        """The slots' host state as numpy `Slots` (empty slots: done, nothing cached)."""
-        B = self.B
+    @staticmethod
+    def _slot_arrays(slots: list[_Row | None]) -> Slots:
+        """These slots' host state as numpy `Slots` (empty slots: done, nothing cached)."""
+        B = len(slots)
         lengths, steps, rows = (np.zeros(B, np.int32) for _ in range(3))
         done, stopped = np.ones(B, bool), np.zeros(B, bool)
         node = np.full(B, -1, np.int32)
-        for i, r in enumerate(self.slots):
+        for i, r in enumerate(slots):
             if r is not None:
                 lengths[i], steps[i], rows[i] = len(r.prompt) + len(r.tokens), len(r.tokens), \
                     r.index
                 done[i], stopped[i], node[i] = r.done, r.stopped, r.node
         return Slots(lengths, steps, rows, done, stopped, node)
 
-    def _host_masks(self) -> np.ndarray:
-        """The slots' grammar bitmasks `[B, W]` for the next token (xgrammar or choice
+    def _host_masks(self, slots: list[_Row | None]) -> np.ndarray:
+        """These slots' grammar bitmasks `[S, W]` for the next token (xgrammar or choice
         matchers on the host); each live constrained row records its allowed count."""
         constraints = self.e.constraints
-        matchers = [None if r is None else r.matcher for r in self.slots]
-        bitmask = constraints.fill(matchers, np.empty((self.B, constraints.words), np.int32))
+        matchers = [None if r is None else r.matcher for r in slots]
+        bitmask = constraints.fill(matchers, np.empty((len(slots), constraints.words),
+                                                      np.int32))
         counts = allowed_counts(bitmask, self.e.config.vocab_size)
-        for r, count in zip(self.slots, counts.tolist(), strict=True):
+        for r, count in zip(slots, counts.tolist(), strict=True):
             if r is not None and r.matcher is not None:
                 r.allowed.append(count)
         return bitmask
