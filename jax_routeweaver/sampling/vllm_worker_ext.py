@@ -43,7 +43,7 @@ from jax_routeweaver.models.hf import SafetensorsReader, active_rules, hf_arrays
 from jax_routeweaver.models.policy_step import read_step
 from jax_routeweaver.models.qwen3 import Qwen3
 
-__all__ = ["SERVED_RTOL", "PolicyWeightLoader", "checksums", "compare_checksums",
+__all__ = ["SERVED_RTOL", "PolicyWeightLoader", "checksums", "compare_checksums", "copies",
            "expected_served", "model_checksums", "sum_workers"]
 
 # `served_checksums` against `model_checksums(model, dtype)`: the same rounded values, summed
@@ -102,7 +102,8 @@ def expected_served(model: Qwen3, dtype: str) -> dict[str, list[float]]:
 
 
 def sum_workers(results: list[dict[str, list[float]]]) -> dict[str, list[float]]:
-    """Per-tensor sums over the workers' shards (tensor parallel: each holds a slice)."""
+    """Per-tensor sums over the workers' shards (tensor parallel: each holds a slice; what
+    several hold is already divided by its number of copies, `copies`)."""
     out: dict[str, list[float]] = {}
     for result in results:
         for name, (s, q) in result.items():
@@ -161,19 +162,26 @@ class PolicyWeightLoader:
         engine computes with (module doc): linear weights read back through their kernels,
         the other parameters as stored."""
         import torch
-        from vllm.model_executor.layers.linear import LinearBase
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+        from vllm.model_executor.layers.linear import LinearBase, RowParallelLinear
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
+        tp = get_tensor_model_parallel_world_size()
         model = self.model_runner.model
         packed = getattr(model, "packed_modules_mapping", {})
         out: dict[str, list[float]] = {}
+
+        def put(name: str, sums: list[float], copies: int) -> None:
+            out[name] = [x / copies for x in sums]
+
         with torch.no_grad():
             for name, module in model.named_modules():
                 parts = _hf_parts(name, packed)
+                kv = getattr(module, "num_kv_head_replicas", 1)
                 if isinstance(module, LinearBase):
                     sizes = list(module.output_partition_sizes)
                     for part, sums in zip(parts, _read_back(module, sizes), strict=True):
-                        out[f"{part}.weight"] = sums
+                        put(f"{part}.weight", sums, copies(part, "sharded", tp, kv))
                 elif isinstance(module, VocabParallelEmbedding):
                     # The stored table (lookups read it); a head computes with it too (a
                     # prepacked copy is made from it at load, the table itself kept).
@@ -183,13 +191,27 @@ class PolicyWeightLoader:
                     if pname == "weight" and isinstance(module, (LinearBase,
                                                                  VocabParallelEmbedding)):
                         continue
+                    kind = "sharded" if isinstance(module, LinearBase) and not isinstance(
+                        module, RowParallelLinear) else "replicated"
                     if pname == "bias" and len(parts) > 1:  # a packed bias, split as its rows
                         sizes = list(module.output_partition_sizes)
                         for part, piece in zip(parts, torch.split(p, sizes), strict=True):
-                            out[f"{part}.bias"] = _sums(piece)
+                            put(f"{part}.bias", _sums(piece), copies(part, kind, tp, kv))
                     else:
-                        out[f"{parts[0]}.{pname}"] = _sums(p)
+                        put(f"{parts[0]}.{pname}", _sums(p), copies(parts[0], kind, tp, kv))
         return out
+
+
+def copies(part: str, kind: str, tp: int, kv_replicas: int) -> int:
+    """How many of `tp` tensor-parallel workers hold the same values of this worker's `part`,
+    so that `sum_workers` counts each value once: "replicated" parameters (norms, a row-parallel
+    layer's bias) are on every worker; a sharded k or v projection is on `kv_replicas` of them
+    when the model has fewer kv heads than workers; other sharded parts on one."""
+    if kind == "replicated":
+        return tp
+    if part.rsplit(".", 1)[-1] in ("k_proj", "v_proj"):
+        return kv_replicas
+    return 1
 
 
 def _hf_parts(name: str, packed: dict[str, list[str]]) -> list[str]:
