@@ -65,20 +65,6 @@ def load_record(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {"targets": {}}
 
 
-def searched(name: str, cfg: Any, arch: Any,
-             trainers: list[Any]) -> list[dict[str, Any]]:
-    """The search's choices for one target from its trainer figures."""
-    from jax_routeweaver.planning import step as sp
-    from jax_routeweaver.planning.memory import TARGETS
-    from jax_routeweaver.planning.rollout import RolloutSettings, RolloutShape, replica_dtype
-
-    target = TARGETS[name]
-    plans = sp.search(target, trainers, arch.replace(dtype=cfg.model.dtype),
-                      RolloutShape.of_config(cfg, target.hosts), replica_dtype(cfg),
-                      RolloutSettings.of_config(cfg), min_rows=cfg.data.group_size)
-    return [p.as_dict() for p in plans]
-
-
 def compile_target(name: str, cfg: Any, arch: Any) -> tuple[list[Any], float]:
     """The target's compiled trainer figures and the seconds it took."""
     import jax
@@ -109,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=16"
     from jax_routeweaver.models.config import ModelConfig
     from jax_routeweaver.planning import step as sp
-    from jax_routeweaver.planning.table import record_table, replace_block
+    from jax_routeweaver.planning.table import record_table, replace_block, search_choices
     from jax_routeweaver.rl.train_config import load_train_config
 
     cfg = load_train_config(ROOT / args.config, args.overrides)
@@ -133,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             entry.update(trainers=[t.as_dict() for t in trainers], seconds=round(seconds, 1),
                          command=record["command"], date=args.date)
             print(f"{name}: {len(trainers)} trainer candidates in {seconds:.0f} s", flush=True)
-        entry["choices"] = searched(name, cfg, arch, trainers)
+        entry["choices"] = search_choices(name, cfg, arch, trainers)
         args.json.write_text(json.dumps(record, indent=1) + "\n")  # after every target
     table = record_table(record)
     print(table)

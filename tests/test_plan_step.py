@@ -1,6 +1,6 @@
 """The whole-step plan (`planning/step.py`, `planning/rollout.py`, `planning/table.py`): phases
 that add up, the rollout engine's memory by its formulas, the settings search, and README's
-table generated from the recorded JSON."""
+table computed from the current code."""
 
 import dataclasses
 import json
@@ -199,13 +199,38 @@ def test_targets_and_their_checks():
         Target("x", 8, 1.0, (1, 8, 1), kind="npu")
 
 
-def test_readme_table_is_the_recorded_json():
-    """README's plan table is `bench/plan_targets.py --write-readme`'s output for the
-    recorded figures (regenerate both with that script, never edit the table by hand)."""
+def test_readme_table_is_computed_from_the_current_code():
+    """README's plan table is what the current code computes: the rollout engines' formulas
+    and the search, run now on the paper's config and the Qwen3-4B shapes, from the trainer
+    figures `bench/plan_targets.py` compiled (minutes per target, too slow for a test); and
+    those figures' train state (params, AdamW, reference per device) is still what the
+    current model lays out on each mesh. A changed model dimension, formula, config or
+    target fails here until `python bench/plan_targets.py --from-json --write-readme` (a new
+    train state: without --from-json) regenerates both."""
+    from jax_routeweaver.models.config import ModelConfig
+    from jax_routeweaver.models.sharding import TRAIN_RULES
+    from jax_routeweaver.rl.train_config import load_train_config
+
+    cfg = load_train_config(ROOT / "configs" / "paper" / "main_alpha0.yaml")
+    arch = ModelConfig.from_hf(ROOT / "configs" / "paper" / "qwen3-4b-instruct-2507.json")
     record = json.loads((ROOT / "bench" / "plan_targets.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    assert pt.read_block(readme) == pt.record_table(record)
     assert set(record["targets"]) == set(TARGETS)
+    computed = {"targets": {}}
+    for name, entry in record["targets"].items():
+        trainers = [sp.TrainFigures.from_dict(d) for d in entry["trainers"]]
+        for t in trainers:
+            axes = dict(zip(("data", "fsdp", "tensor"), t.mesh, strict=True))
+            state = ro.sharded_param_bytes(arch, cfg.model.param_dtype, TRAIN_RULES, axes)
+            assert (t.params, t.reference) == (state, state), (name, t.mesh)
+            assert t.optimizer == 2 * state + 4, (name, t.mesh)  # AdamW's mu, nu and count
+        computed["targets"][name] = {"choices": pt.search_choices(name, cfg, arch, trainers)}
+    readme = (ROOT / "README.md").read_text()
+    assert pt.read_block(readme) == pt.record_table(computed)
+    # A model dimension changed in the code changes the table.
+    wider = arch.replace(intermediate_size=arch.intermediate_size + 256)
+    trainers = [sp.TrainFigures.from_dict(d) for d in record["targets"]["v5p-8"]["trainers"]]
+    assert pt.search_choices("v5p-8", cfg, wider, trainers) != \
+        computed["targets"]["v5p-8"]["choices"]
     with pytest.raises(ValueError, match="plan-table:begin"):
         pt.replace_block("no markers here", "| table |\n")
     text = f"a\n{pt.BLOCK_BEGIN}\nold\n{pt.BLOCK_END}\nb\n"

@@ -1,5 +1,6 @@
 """The README's plan table: the whole-step search's results (``StepPlan.as_dict()`` records)
-as Markdown, and the marked block of a page that holds it.
+as Markdown, the search that makes them from a target's trainer figures, and the marked block
+of a page that holds it.
 """
 
 from __future__ import annotations
@@ -8,7 +9,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jax_routeweaver.models.config import ModelConfig
+from jax_routeweaver.planning import step as sp
 from jax_routeweaver.planning.memory import TARGETS
+from jax_routeweaver.planning.rollout import RolloutSettings, RolloutShape, replica_dtype
 
 BLOCK_BEGIN = "<!-- plan-table:begin -->"
 BLOCK_END = "<!-- plan-table:end -->"
@@ -36,6 +40,18 @@ def markdown_table(choices: Sequence[Mapping[str, Any]]) -> str:
             f"{p['rollout']:.1f} | {c['need_gib']:.1f} / {c['limit_gib']:.1f} | {fits} | "
             f"{rows} |")
     return "\n".join(lines) + "\n"
+
+
+def search_choices(name: str, cfg: Any, arch: ModelConfig,
+                   trainers: Sequence[sp.TrainFigures]) -> list[dict[str, Any]]:
+    """The whole-step search's choices (``StepPlan.as_dict()``) for target ``name`` of
+    :data:`TARGETS` from its trainer figures, the train config ``cfg`` and the router's
+    ``arch``: the rollout engines' formulas, no compiles (milliseconds)."""
+    target = TARGETS[name]
+    plans = sp.search(target, trainers, arch.replace(dtype=cfg.model.dtype),
+                      RolloutShape.of_config(cfg, target.hosts), replica_dtype(cfg),
+                      RolloutSettings.of_config(cfg), min_rows=cfg.data.group_size)
+    return [p.as_dict() for p in plans]
 
 
 def record_table(record: Mapping[str, Any]) -> str:
