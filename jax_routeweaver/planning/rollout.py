@@ -244,22 +244,24 @@ def _param_shapes(arch: ModelConfig) -> tuple[tuple[str, tuple[int, ...],
 def decode_temporaries(arch: ModelConfig, rows: int, context: int, prompt: int,
                        tensor: int) -> int:
     """Bytes per device the dense sampler's programs need beyond weights and cache, a formula
-    (a lower bound; it never fits the paper's shapes anyway): the larger of
+    after its code (`sampling.dense_steps`; checked against XLA's compiled temporaries of a
+    scaled router in `tests/test_plan_step.py`): the larger of
 
     * a decode step of ``rows`` rows (this device's) over ``context`` cache slots: the sampled
       logits ``rows x V`` fp32, :data:`SAMPLING_COPIES` times, and one layer's attention
       scores and probabilities ``2 x rows x (N / tensor) x context`` fp32;
-    * the prefill of one ``prompt``-token row: the MLP's three ``prompt x F / tensor``
-      intermediates (compute dtype), four fp32 ``prompt x D`` residual-stream copies, and one
-      attention block's scores and probabilities ``2 x (N / tensor) x block x prompt`` fp32.
+    * the prefill of the ``rows`` rows of ``prompt`` tokens together (a group prefills at
+      once): per row the MLP's three ``prompt x F / tensor`` intermediates (compute dtype),
+      four fp32 ``prompt x D`` residual-stream copies, and one attention block's scores and
+      probabilities ``2 x (N / tensor) x block x prompt`` fp32.
     """
     act = jnp.dtype(arch.dtype).itemsize
     decode = SAMPLING_COPIES * rows * arch.vocab_size * 4
     decode += 2 * rows * (arch.num_heads // tensor) * context * 4
     block = min(arch.attention_block, prompt)
-    prefill = (3 * prompt * (arch.intermediate_size // tensor) * act
-               + 4 * prompt * arch.hidden_size * 4
-               + 2 * (arch.num_heads // tensor) * block * prompt * 4)
+    prefill = rows * (3 * prompt * (arch.intermediate_size // tensor) * act
+                      + 4 * prompt * arch.hidden_size * 4
+                      + 2 * (arch.num_heads // tensor) * block * prompt * 4)
     return max(decode, prefill)
 
 
