@@ -32,12 +32,16 @@ def one_device():
     return make_mesh((1, 1, 1), jax.devices()[:1])
 
 
+def small_settings(tmp_path: Path) -> list[str]:
+    """The module's small stand-in settings, cached under `tmp_path`."""
+    return ["model.init=stand-in", f"model.stand_in.cache_dir={tmp_path / 'cache'}",
+            "data.synthetic_queries=60", "model.stand_in.steps=40",
+            "model.stand_in.batch_size=16", "model.stand_in.dims=8",
+            "model.stand_in.demonstrations=24", "model.stand_in.bc_batch=4"]
+
+
 def config(tmp_path: Path, *extra: str):
-    return load_train_config(QUICKSTART, [
-        "model.init=stand-in", f"model.stand_in.cache_dir={tmp_path / 'cache'}",
-        "data.synthetic_queries=60", "model.stand_in.steps=40",
-        "model.stand_in.batch_size=16", "model.stand_in.dims=8",
-        "model.stand_in.demonstrations=24", "model.stand_in.bc_batch=4", *extra])
+    return load_train_config(QUICKSTART, [*small_settings(tmp_path), *extra])
 
 
 @pytest.fixture(scope="module")
@@ -186,12 +190,26 @@ def test_the_objective_values_by_hand(run_parts, tmp_path):
     np.testing.assert_allclose(float(loss0), align + 2.0 * kl, rtol=1e-4)
 
 
-def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The stand-in of `config`'s settings built by the real `warm-start` command in its own
+    process on one CPU device, as a user runs it: (the cache's parent, the command's
+    output)."""
+    tmp = tmp_path_factory.mktemp("built")
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-m", "jax_routeweaver.cli", "warm-start",
+                           "--config", str(QUICKSTART), *small_settings(tmp)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp, done.stdout
+
+
+def test_built_once_then_reused_and_loaded_by_the_run(built, run_parts, capsys, monkeypatch):
+    tmp_path, printed = built
+    assert "distilling 60 questions" in printed and "domain_share" in printed
+    assert "bc_nll" in printed
     records, tokenizer = run_parts
     cfg = config(tmp_path)
-    lines: list[str] = []
-    model = builders.build_policy(cfg, one_device(), tokenizer, records,
-                              log=lines.append)
     [path] = [p for p in (tmp_path / "cache").iterdir() if p.name != "embeddings"]
     report = stand_in.read_report(path)
     before, after = report["before"], report["after"]
@@ -208,16 +226,27 @@ def test_built_once_then_reused_and_loaded_by_the_run(run_parts, tmp_path, monke
     # Cloning the demonstrations: their held-out decision tokens became likelier.
     assert after["bc_nll"] < before["bc_nll"] - 1.0, (before["bc_nll"], after["bc_nll"])
     assert report["loss_last"]["bc"] < report["loss_first"]["bc"]
+    assert report["settings"]["steps"] == 40
     assert not list((tmp_path / "cache").glob(".building-*"))
-    # The run's policy is the cached model's weights.
-    cached = stand_in.diagnostics(builders.build_policy(cfg, one_device(), tokenizer,
-                                                    records), _inputs(cfg, records, tokenizer))
-    again = stand_in.diagnostics(model, _inputs(cfg, records, tokenizer))
-    assert cached == again
-    # Reused: a second build trains nothing.
+    # Reused by the run, which trains nothing and computes with the cached weights: the
+    # decision states the builder measured on its held-out questions.
     monkeypatch.setattr(stand_in, "distil", lambda *a, **k: pytest.fail("retrained"))
-    builders.build_policy(cfg, one_device(), tokenizer, records, log=lines.append)
+    lines: list[str] = []
+    model = builders.build_policy(cfg, one_device(), tokenizer, records, log=lines.append)
     assert any("reusing" in line for line in lines)
+    again = stand_in.diagnostics(model, _inputs(cfg, records, tokenizer))
+    for key in ("align", "common", "mode_p_max", "mode_entropy"):
+        assert again[key] == pytest.approx(after[key], rel=1e-4, abs=1e-6), key
+    # The command again, here: it reuses the cache too.
+    from jax_routeweaver.cli.app import main
+
+    assert main(["warm-start", "--config", str(QUICKSTART), *small_settings(tmp_path)]) == 0
+    second = capsys.readouterr().out
+    assert "reusing" in second and "distilling" not in second and str(path) in second
+    # Not a random-init router: one line naming the field, exit non-zero, nothing built.
+    assert main(["warm-start", "--config", str(QUICKSTART), "model.init=/nonexistent",
+                 "model.random={}"]) != 0
+    assert "model.init" in capsys.readouterr().err
     # Any field that changes the result changes the key (the cache directory is not one).
     key = lambda c: stand_in.cache_key(model.config, tokenizer, records, c.model.stand_in,
                                        c.seed)
@@ -287,29 +316,3 @@ def test_demonstrations_refuse_a_paid_pool(run_parts, tmp_path):
     with pytest.raises(ValueError, match=r"model\.stand_in\.demonstrations=24: .*simulated"):
         builders.stand_in_path(cfg, make_mesh((1, -1, 1)), tokenizer, records)
     assert not (tmp_path / "cache").exists()
-
-
-def test_warm_start_command_builds_then_reuses(tmp_path, capsys):
-    """The real command builds in its own process on one CPU device (as a user runs it);
-    run again (here, in this process), it reuses the cache."""
-    from jax_routeweaver.cli.app import main
-
-    argv = ["--config", str(QUICKSTART), "model.init=stand-in",
-            f"model.stand_in.cache_dir={tmp_path}", "data.synthetic_queries=60",
-            "model.stand_in.steps=6", "model.stand_in.dims=8",
-            "model.stand_in.demonstrations=4", "model.stand_in.bc_batch=2"]
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-    first = subprocess.run([sys.executable, "-m", "jax_routeweaver.cli", "warm-start", *argv],
-                           capture_output=True, text=True, env=env, timeout=600)
-    assert first.returncode == 0, first.stderr
-    assert "distilling 60 questions" in first.stdout and "domain_share" in first.stdout
-    assert "bc_nll" in first.stdout
-    assert main(["warm-start", *argv]) == 0
-    second = capsys.readouterr().out
-    assert "reusing" in second and "distilling" not in second
-    path = second.strip().splitlines()[-1].split(" loads ")[1].split(" (")[0]
-    assert stand_in.read_report(Path(path))["settings"]["steps"] == 6
-    # Not a random-init router: one line naming the field, exit non-zero, nothing built.
-    assert main(["warm-start", "--config", str(QUICKSTART), "model.init=/nonexistent",
-                 "model.random={}"]) != 0
-    assert "model.init" in capsys.readouterr().err
