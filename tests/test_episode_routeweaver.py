@@ -8,6 +8,7 @@ from scripted import ScriptedSampler
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
+from jax_routeweaver.rewards.feedback import execution_feedback
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing.episode import run_episodes
 from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
@@ -257,7 +258,7 @@ def code_tasks():
 
 
 def test_execution_feedback_prepends_the_sandbox_verdict(tok, code_tasks):
-    trajs, _ = run(tok, code_tasks, AGENTIC_CODE)
+    trajs, _ = run(tok, code_tasks, AGENTIC_CODE, config=EnvConfig(feedback=execution_feedback()))
     for t in trajs:
         text = tok.decode(t.response_ids)
         observation = text.rsplit('<observation id="n1" role="executor">', 1)[1]
@@ -265,8 +266,7 @@ def test_execution_feedback_prepends_the_sandbox_verdict(tok, code_tasks):
         assert "hidden tests" in observation.split("\n", 1)[0]
         # ... and the verdict travels with the node output into the summarizer's refs.
         assert "[n1] (from executor)\n[execution] " in t.calls[1].prompt
-    (off,), _ = run(tok, code_tasks[:1], AGENTIC_CODE,
-                    config=EnvConfig(execution_feedback=False))
+    (off,), _ = run(tok, code_tasks[:1], AGENTIC_CODE)  # no port bound: no feedback
     assert "[execution]" not in tok.decode(off.response_ids)
 
 
@@ -282,7 +282,7 @@ def test_sandbox_harness_failure_is_recorded_as_infra_notice(tok, code_tasks):
             raise RuntimeError("harness down")
 
     (t,), _ = run(tok, code_tasks[:1], AGENTIC_CODE,
-                  config=EnvConfig(sandbox=BrokenSandbox()))
+                  config=EnvConfig(feedback=execution_feedback(BrokenSandbox())))
     assert any(n.startswith("exec_sandbox_error") for n in t.notices), t.notices
     assert "[execution]" not in tok.decode(t.response_ids)
 

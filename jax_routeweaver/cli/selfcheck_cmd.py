@@ -105,6 +105,7 @@ def _quickstart(args: argparse.Namespace) -> int:
 def _quickstart_episodes(args: argparse.Namespace, tokenizer, model, cfg) -> list:
     """RouteWeaver episodes of the router against the simulated pool (a simulation of paid
     LLM APIs); grammar constraints keep every action of the random-init router valid."""
+    from jax_routeweaver.rewards.feedback import execution_feedback
     from jax_routeweaver.routing.episode import run_episodes
     from jax_routeweaver.routing.pricing import REFERENCE_PRICES
     from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
@@ -119,7 +120,8 @@ def _quickstart_episodes(args: argparse.Namespace, tokenizer, model, cfg) -> lis
     sampler = JaxSampler(model, decode=tokenizer.decode, pad_id=cfg.pad_token_id,
                          constraints=GrammarConstraints(tokenizer, cfg.vocab_size))
     config = EnvConfig(sampling=SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=96,
-                                               seed=args.seed), constrained=True)
+                                               seed=args.seed), constrained=True,
+                       feedback=execution_feedback())
     return run_episodes(tasks, sampler, pool, routeweaver_envs(tokenizer, pool, config),
                         repeats=args.repeats, prices=REFERENCE_PRICES)
 

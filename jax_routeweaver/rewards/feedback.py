@@ -1,8 +1,10 @@
 """In-loop execution feedback for agentic executors (docs/protocol.md, "What a worker receives").
 
 The episode runner calls `aexecution_verdict` on every successful executor reply and, when it
-returns a text, prepends it to the observation body and to the node output (turning the
-feedback off is the caller's switch). Texts, exactly as the reference writes them:
+returns a text, prepends it to the observation body and to the node output. The environment
+reaches it through its port (`routing.routeweaver_env.ExecutionFeedback`), which
+`execution_feedback` binds to a sandbox; the run and the server bind it when
+`rollout.execution_feedback` is on. Texts, exactly as the reference writes them:
 
 CODE rows (`scorer_dataset` in stdin / apps_functional / livecodebench / taco_mm, with
 `meta.tests`): the reply is graded by the row's code scorer against the same hidden tests as
@@ -31,16 +33,23 @@ itself raises (SandboxError, or ValueError for malformed tests): the runner reco
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping
 from typing import Any
 
-from jax_routeweaver.rewards.sandbox import RunResult, Sandbox, default_sandbox
+from jax_routeweaver.rewards.sandbox import (
+    IsolationUnavailable,
+    RunResult,
+    Sandbox,
+    default_sandbox,
+)
 from jax_routeweaver.rewards.scorers.code import (
     CODE_SCORERS,
     CodeReport,
     aevaluate_code,
     fenced_blocks,
 )
+from jax_routeweaver.routing.routeweaver_env import ExecutionFeedback
 
 __all__ = [
     "CALC_STDOUT_CHARS",
@@ -127,6 +136,14 @@ async def aexecution_verdict(reply: str, *, role: str | None, scorer_dataset: st
         return None
     result = await sandbox.arun(program, timeout_s=MATH_TIMEOUT_S)
     return calc_verdict(result, MATH_TIMEOUT_S)
+
+
+def execution_feedback(sandbox: Sandbox | None = None) -> ExecutionFeedback:
+    """The environment's execution-feedback port bound to `sandbox` (None: the default
+    sandbox, as configured when a verdict runs); a host that cannot give the sandbox's
+    isolation (`IsolationUnavailable`) ends the run."""
+    return ExecutionFeedback(functools.partial(aexecution_verdict, sandbox=sandbox),
+                             fatal=(IsolationUnavailable,))
 
 
 def execution_verdict(reply: str, *, role: str | None, scorer_dataset: str,

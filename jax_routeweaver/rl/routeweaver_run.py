@@ -14,6 +14,7 @@ from typing import Any
 
 from jax_routeweaver.data.pipeline import QueryBatch
 from jax_routeweaver.data.records import Record
+from jax_routeweaver.rewards.feedback import execution_feedback
 from jax_routeweaver.rewards.reward import RewardConfig, Rewards, score_batch
 from jax_routeweaver.rl import curriculum
 from jax_routeweaver.rl.dialect import stop_ids
@@ -76,13 +77,15 @@ def reward_config(cfg: TrainConfig) -> RewardConfig:
 
 def env_config(cfg: TrainConfig, eos_id: int | tuple[int, ...]) -> EnvConfig:
     """The RouteWeaver environment of ``cfg.rollout``: its protocol, sampling (stopping at the
-    model's EOS ids), grammar and offered workers."""
+    model's EOS ids), grammar, offered workers, and its execution-feedback port bound to the
+    default sandbox (when ``rollout.execution_feedback`` is on)."""
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                               max_new_tokens=r.max_new_tokens, stop_token_ids=stop_ids(eos_id))
     return EnvConfig(protocol=r.protocol, sampling=sampling, constrained=r.constrained,
                      answer_choices=r.answer_choices, task_text=r.task_text,
-                     rulebook=r.rulebook, execution_feedback=r.execution_feedback,
+                     rulebook=r.rulebook,
+                     feedback=execution_feedback() if r.execution_feedback else None,
                      offered=tuple(cfg.workers.offered))
 
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from jax_routeweaver.data.records import Record
-from jax_routeweaver.rewards.feedback import aexecution_verdict
-from jax_routeweaver.rewards.sandbox import IsolationUnavailable, Sandbox
 from jax_routeweaver.routing import grammar as g
 from jax_routeweaver.routing import observations as ob
 from jax_routeweaver.routing import prompts
@@ -54,12 +52,26 @@ _ANSWER = r'"<answer>" [^<>\n ] [^<>\n]{0,31} "</answer>"'
 
 
 @dataclasses.dataclass(frozen=True)
+class ExecutionFeedback:
+    """The in-loop execution verdict, a port that the run and the server bind to the code
+    sandbox (`rewards.feedback.execution_feedback`). `verdict(reply, role=, scorer_dataset=,
+    meta=)`, awaited on every successful executor reply: the text to prepend to its
+    observation and node output, or None (nothing to run). An exception of a `fatal` type
+    ends the run (a host that cannot isolate programs); any other makes the row infra
+    (`exec_sandbox_error`)."""
+
+    verdict: Callable[..., Awaitable[str | None]]
+    fatal: tuple[type[BaseException], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class EnvConfig:
     """Runner-side settings. `sampling`: router decoding (stops and max tokens are set per turn;
     its `max_new_tokens` caps an action turn). `constrained`: grammar-constrained actions.
-    `execution_feedback`: agentic executors' code (CODE rows) or python (MATH rows) runs in
-    `sandbox` and the verdict is prepended to their observation (docs/protocol.md, "What a
-    worker receives"; on, as in the reference). `answer_choices` (with `constrained`): the
+    `feedback`: agentic executors' code (CODE rows) or python (MATH rows) runs through this
+    port and the verdict is prepended to their observation (docs/protocol.md, "What a
+    worker receives"; the run binds it when `rollout.execution_feedback` is on, as in the
+    reference; None: off). `answer_choices` (with `constrained`): the
     answer must be one of the candidate answers extracted from the workers' successful replies
     so far (`NO_CANDIDATE_ANSWER` when none fits, e.g. programs: CODE is graded on the
     workers' programs too), so a tiny router learns *which* reply to trust instead of how to
@@ -87,10 +99,9 @@ class EnvConfig:
     task_text: str = ""
     # Mode rulebook shown to the router: "reference" or "compact".
     rulebook: Literal["reference", "compact"] = "reference"
-    # Run agentic executors' code / python and prepend the verdict to their observation.
-    execution_feedback: bool = True
-    # Where execution feedback runs; None = the default sandbox (`rewards.feedback`).
-    sandbox: Sandbox | None = None
+    # Run agentic executors' code / python through this port and prepend the verdict to
+    # their observation; None = no execution feedback.
+    feedback: ExecutionFeedback | None = None
     # Worker ids this run offers (catalog, grammar); () = every worker of the pool.
     offered: tuple[str, ...] = ()
 
@@ -104,7 +115,7 @@ class RouteWeaverEnv:
     without the sandbox's isolation ends the run."""
 
     failed_call_is_infra = True
-    fatal_errors: tuple[type[BaseException], ...] = (IsolationUnavailable,)
+    fatal_errors: tuple[type[BaseException], ...] = ()  # this env's: its feedback's `fatal`
 
     def __init__(self, tokenizer: Any, workers: Sequence[tuple[str, str]], record: Record,
                  config: EnvConfig, forced_mode: str | None = None,
@@ -117,6 +128,8 @@ class RouteWeaverEnv:
         self.registry = list(registry) if registry is not None else self.offered
         self.record = record
         self.cfg = config
+        if config.feedback is not None:
+            self.fatal_errors = config.feedback.fatal
         self.pc = config.protocol
         self.state = tr.RoutingState()
         self.forced_mode = forced_mode
@@ -189,15 +202,15 @@ class RouteWeaverEnv:
         executor reply's program (concurrently, in the sandbox); keep the verdict by node id.
         A harness failure is recorded (`exec_sandbox_error`, an infra class of the reward); a
         host without the sandbox's isolation ends the run."""
-        if not self.cfg.execution_feedback:
+        feedback = self.cfg.feedback
+        if feedback is None:
             return
         executors = [c for c in calls if c.success and c.role == g.Role.EXECUTOR]
-        verdicts = await asyncio.gather(*(aexecution_verdict(
+        verdicts = await asyncio.gather(*(feedback.verdict(
             c.text, role=c.role, scorer_dataset=self.record.scorer_dataset,
-            meta=self.record.meta, sandbox=self.cfg.sandbox) for c in executors),
-            return_exceptions=True)
+            meta=self.record.meta) for c in executors), return_exceptions=True)
         for call, verdict in zip(executors, verdicts, strict=True):
-            if isinstance(verdict, IsolationUnavailable):
+            if isinstance(verdict, feedback.fatal):
                 raise verdict
             if isinstance(verdict, BaseException):  # any harness failure makes the row infra
                 self._harness_errors.append(f"exec_sandbox_error:{type(verdict).__name__}")
