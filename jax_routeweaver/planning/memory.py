@@ -44,6 +44,7 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, make_mesh, param_specs
 from jax_routeweaver.rl import losses
+from jax_routeweaver.rl.estimators import ESTIMATORS
 from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 from jax_routeweaver.rl.support import SupportBatch
 from jax_routeweaver.rl.trainer import StepBatch, Trainer
@@ -360,4 +361,4 @@ def plan_config(cfg: Any, arch: ModelConfig, target: Target, shape: StepShape, *
     return memory_plan(model, shape, mesh_shape=mesh or target.mesh,
                        devices=list(devices)[:target.devices], optim=cfg.optim,
                        loss=cfg.algo.loss, temperature=cfg.rollout.temperature,
-                       critic=cfg.algo.estimator == "ppo_gae")
+                       critic=ESTIMATORS[cfg.algo.estimator].critic)

@@ -17,6 +17,7 @@ import numpy as np
 
 from jax_routeweaver.rewards.reward import Rewards
 from jax_routeweaver.rl import advantages as adv_lib
+from jax_routeweaver.rl.estimators import estimator as estimator_spec
 from jax_routeweaver.rl.shapes import length_bucket, round_up
 from jax_routeweaver.rl.trainer import UpdateBatch
 from jax_routeweaver.routing.episode import Trajectory
@@ -26,7 +27,6 @@ MODE_IDS = {"single": adv_lib.MODE_SINGLE, "multi": adv_lib.MODE_MULTI,
 # The smallest policy-token width: a row's policy tokens (a few to a few dozen for constrained
 # routers) then fit one shape, instead of a recompile of the update for each of 16/24/32/48.
 POLICY_WIDTH_MIN = 64
-ESTIMATORS = ("grpo_gated", "comet_grpo", "comet_gdpo")
 
 
 @dataclasses.dataclass
@@ -155,23 +155,23 @@ def compute_advantages(batch: RolloutBatch, estimator: str, *, alpha: float = 0.
 
     ``debug`` asserts ``A_mode + A_inner = A_grpo`` on every call (cheap at these sizes).
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator {estimator!r}: expected one of {ESTIMATORS}")
+    spec = estimator_spec(estimator)
+    if not spec.function:
+        raise ValueError(f"estimator {estimator!r} is not group-relative (the loop runs GAE)")
     adv_lib.validate_inputs(batch.group_ids, batch.forced, batch.mode_span_end,
                             num_groups=batch.num_groups, clean=batch.clean)
     common = dict(group_ids=jnp.asarray(batch.group_ids), clean=jnp.asarray(batch.clean),
                   response_mask=jnp.asarray(batch.response_mask), num_groups=batch.num_groups)
-    if estimator == "grpo_gated":
-        out = adv_lib.grpo_gated(jnp.asarray(batch.r_task), **common)
-        return out
+    fn = getattr(adv_lib, spec.function)
+    if not spec.mode_tokens:
+        return fn(jnp.asarray(batch.r_task), **common)
     mode_args = dict(forced=jnp.asarray(batch.forced), mode_ids=jnp.asarray(batch.mode_ids),
                      mode_span_end=jnp.asarray(batch.mode_span_end))
-    if estimator == "comet_grpo":
-        out = adv_lib.comet_grpo(jnp.asarray(batch.r_task), **common, **mode_args)
+    if spec.cost:
+        out = fn(jnp.asarray(batch.r_task), jnp.asarray(batch.r_eff), **common, **mode_args,
+                 alpha=alpha, cost_complete=jnp.asarray(batch.cost_complete))
     else:
-        out = adv_lib.comet_gdpo(jnp.asarray(batch.r_task), jnp.asarray(batch.r_eff), **common,
-                                 **mode_args, alpha=alpha,
-                                 cost_complete=jnp.asarray(batch.cost_complete))
+        out = fn(jnp.asarray(batch.r_task), **common, **mode_args)
     if debug:
         adv_lib.check_identity(out, batch.forced, batch.clean)
     return out
@@ -179,8 +179,9 @@ def compute_advantages(batch: RolloutBatch, estimator: str, *, alpha: float = 0.
 
 def mode_mask(batch: RolloutBatch, estimator: str) -> np.ndarray:
     """[N, L] selector-span tokens of free rows (docs/algorithm.md, "Token advantages and the
-    mode-token mask"); all zero for ``grpo_gated``, whose advantage is one value per row."""
-    if estimator == "grpo_gated":
+    mode-token mask"); all zero for an estimator that does not split at the mode tokens
+    (``grpo_gated``: one value per row)."""
+    if not estimator_spec(estimator).mode_tokens:
         return np.zeros_like(batch.response_mask)
     return np.asarray(adv_lib.mode_token_mask(jnp.asarray(batch.forced),
                                               jnp.asarray(batch.mode_span_end),

@@ -54,6 +54,7 @@ from jax_routeweaver.rl.builders import (
 )
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer, StateCheckpointer
 from jax_routeweaver.rl.critic import Critic
+from jax_routeweaver.rl.estimators import ESTIMATORS
 from jax_routeweaver.rl.metrics import advantage_metrics, rollout_metrics
 from jax_routeweaver.rl.preflight import preflight
 from jax_routeweaver.rl.provenance import provenance
@@ -175,7 +176,7 @@ class _Run:
         self.trainer = build_trainer(cfg, model, self.mesh)
         # Router-R1's PPO: a critic started from the policy's initial weights (docs/router_r1.md).
         self.critic = Critic(model, cfg.algo.critic, batching=self.trainer) \
-            if cfg.algo.estimator == "ppo_gae" else None
+            if ESTIMATORS[cfg.algo.estimator].critic else None
         del model  # the sampler, the trainer and the critic hold their own copies
         self.dialect.start(self.tokenizer, self.pool, self.eos_id)
         ckpt = self.out / "checkpoints"

@@ -42,6 +42,7 @@ from jax_routeweaver.rewards.sandbox import (
 from jax_routeweaver.rl import stand_in
 from jax_routeweaver.rl.builders import build_records, router_architecture
 from jax_routeweaver.rl.checkpoint import list_steps
+from jax_routeweaver.rl.estimators import ESTIMATORS
 from jax_routeweaver.rl.pool_check import SIMULATED, check_run_pool
 from jax_routeweaver.rl.train_config import TrainConfig
 
@@ -90,7 +91,7 @@ def checkpoint_bytes(cfg: TrainConfig, arch: ModelConfig) -> int:
     is written before the oldest goes) and ``keep_full`` + 1 full states of 3 P b (the
     parameters and AdamW's two moments), twice that with a critic (``ppo_gae``)."""
     params = arch.param_count * _ITEMSIZE[cfg.model.param_dtype]
-    full = 3 * params * (2 if cfg.algo.estimator == "ppo_gae" else 1)
+    full = 3 * params * (2 if ESTIMATORS[cfg.algo.estimator].critic else 1)
     c = cfg.checkpoint
     return (c.keep_policy + 1) * params + (c.keep_full + 1) * full
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from jax_routeweaver.config import ConfigError, bounded, load_config
 from jax_routeweaver.rl.critic import CriticConfig
 from jax_routeweaver.rl.curriculum import ExplorationConfig, forced_ratio
+from jax_routeweaver.rl.estimators import ESTIMATORS
 from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 from jax_routeweaver.routing import router_r1 as r1
 from jax_routeweaver.routing.grammar import ProtocolConfig
@@ -312,7 +313,7 @@ class AlgoConfig:
     ``ppo_gae`` is for router_r1 only."""
 
     # the advantage estimator (docs/algorithm.md)
-    estimator: Literal["grpo_gated", "comet_grpo", "comet_gdpo", "ppo_gae"] = "comet_grpo"
+    estimator: Literal[tuple(ESTIMATORS)] = "comet_grpo"  # a name of `rl.estimators`
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)  # the policy loss
     critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)  # ppo_gae only
     gae: GAEConfig = dataclasses.field(default_factory=GAEConfig)  # ppo_gae only
@@ -389,8 +390,9 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
         fail("out_dir", f"{cfg.out_dir!r}: a filesystem path is needed (logs, tokenizer and the "
              "sidecar's exports are written with local file APIs); mount a bucket (gcsfuse) "
              "instead of a URL")
-    if cfg.reward.alpha > 0 and cfg.algo.estimator != "comet_gdpo":
-        fail("reward.alpha", f"alpha={cfg.reward.alpha} > 0 needs algo.estimator: comet_gdpo")
+    if cfg.reward.alpha > 0 and not ESTIMATORS[cfg.algo.estimator].cost:
+        fail("reward.alpha", f"alpha={cfg.reward.alpha} > 0 needs an algo.estimator that "
+             f"reads the cost reward ({', '.join(n for n, e in ESTIMATORS.items() if e.cost)})")
     if cfg.data.quotas and sum(cfg.data.quotas.values()) != cfg.data.batch_size:
         fail("data.quotas", f"sum {sum(cfg.data.quotas.values())} != data.batch_size "
                             f"{cfg.data.batch_size}")
@@ -436,14 +438,14 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
         fail("model.path", "model.init: hf needs the Hugging Face checkpoint directory")
     if cfg.model.init != "hf" and cfg.model.path:
         fail("model.path", "only used with model.init: hf")
-    if cfg.algo.estimator != "ppo_gae":
+    if not ESTIMATORS[cfg.algo.estimator].critic:
         for key, value, default in (("algo.critic", cfg.algo.critic, CriticConfig()),
                                     ("algo.gae", cfg.algo.gae, GAEConfig())):
             if value != default:
                 fail(key, "only used with algo.estimator: ppo_gae")
     if cfg.rollout.dialect == "router_r1":
         _check_router_r1(cfg, fail)
-    elif cfg.algo.estimator == "ppo_gae":
+    elif ESTIMATORS[cfg.algo.estimator].critic:
         fail("algo.estimator", "ppo_gae (a critic and GAE, Router-R1's recipe) is for "
              "rollout.dialect: router_r1; RouteWeaver splits its group advantage with COMET")
     else:
@@ -475,7 +477,7 @@ def _check_router_r1(cfg: TrainConfig, fail: Callable[[str, str], None]) -> None
     """Router-R1 has no mode tokens: its advantage is GRPO grouped by query with the global
     token-mean, and every mode-specific option is an error rather than silently ignored."""
     algo = cfg.algo
-    if algo.estimator not in ("ppo_gae", "grpo_gated"):
+    if ESTIMATORS[algo.estimator].mode_tokens:
         fail("algo.estimator", f"{algo.estimator!r} splits advantages at the mode tokens, "
              "which rollout.dialect: router_r1 does not have; use ppo_gae (Router-R1's PPO "
              "with a critic) or grpo_gated (GRPO grouped by query)")
