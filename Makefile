@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint docs quickstart bench clean-venv
+.PHONY: install test test-fast lint docs quickstart bench clean-venv
 
 # The Python the venv is made from must be 3.11 or later (setup.cfg's python_requires).
 PYTHON_OK = $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make: $(PYTHON) is Python " + sys.version.split()[0] + "; 3.11 or later is needed (PYTHON=/path/to/python3.11)")'
@@ -63,6 +63,12 @@ docs: $(STAMP)
 # without: bench/RESULTS.md, "Test suite time".
 test: lint docs
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+
+# The suite without the tests marked slow or integration (real servers, sandboxed
+# subprocesses, training runs through the CLI): the edit loop (docs/contributing.md). CI runs
+# `test`.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not integration"
 
 quickstart: $(STAMP)
 	$(VENV)/bin/routeweaver train --config configs/quickstart.yaml
