@@ -32,11 +32,11 @@ from jax_routeweaver.eval.evaluate import (
     build_eval_pool,
     evaluate,
     load_sets,
-    resolve_checkpoint,
 )
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
 from jax_routeweaver.rl.checkpoint import save_policy
+from jax_routeweaver.rl.router_checkpoint import resolve_checkpoint
 from jax_routeweaver.rl.train_config import load_train_config
 from jax_routeweaver.routing.simulated import SimulatedWorkerPool
 from jax_routeweaver.routing.workers import HttpWorkerPool, MissingApiKeyError

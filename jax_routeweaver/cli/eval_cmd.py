@@ -198,7 +198,8 @@ def _check_sets(args: argparse.Namespace) -> None:
 def _eval_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from jax_routeweaver.eval.evaluate import EvalConfig, checkpoint_config, evaluate
+    from jax_routeweaver.eval.evaluate import EvalConfig, evaluate
+    from jax_routeweaver.rl.router_checkpoint import checkpoint_config
     from jax_routeweaver.rl.train_config import load_train_config
 
     _check_sets(args)
@@ -242,7 +243,7 @@ def _eval_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from jax_routeweaver.eval.compare import CompareConfig, run_comparison
-    from jax_routeweaver.eval.evaluate import checkpoint_config
+    from jax_routeweaver.rl.router_checkpoint import checkpoint_config
     from jax_routeweaver.rl.train_config import load_train_config
 
     _check_sets(args)
@@ -268,7 +269,6 @@ def _eval_compare(args: argparse.Namespace) -> int:
 def _eval_favourites(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from jax_routeweaver.eval.evaluate import checkpoint_config
     from jax_routeweaver.eval.favourites import (
         check_options,
         measure_favourites,
@@ -276,6 +276,7 @@ def _eval_favourites(args: argparse.Namespace) -> int:
         workers_table,
         write_outputs,
     )
+    from jax_routeweaver.rl.router_checkpoint import checkpoint_config
     from jax_routeweaver.rl.train_config import load_train_config
 
     if args.checkpoint is None and args.config is None:

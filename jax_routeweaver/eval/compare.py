@@ -53,9 +53,9 @@ from jax_routeweaver.eval.evaluate import (
     check_run_options,
     load_router_sets,
     load_sets,
-    resolve_checkpoint,
 )
 from jax_routeweaver.eval.mode_oracle import ModeOracle, mode_oracle, mode_oracle_markdown
+from jax_routeweaver.rl.router_checkpoint import resolve_checkpoint
 from jax_routeweaver.rl.train_config import TrainConfig
 from jax_routeweaver.routing.calls import WorkerPool
 from jax_routeweaver.routing.replay import ReplayMode, ReplayStats

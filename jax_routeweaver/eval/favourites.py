@@ -57,7 +57,6 @@ from rich.progress import (
 
 from jax_routeweaver.config import redact_secrets, to_dict
 from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
-from jax_routeweaver.eval.evaluate import load_router, load_router_tokenizer, resolve_checkpoint
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rewards.reward import Rewards, score_batch
 from jax_routeweaver.rl.builders import (
@@ -66,6 +65,11 @@ from jax_routeweaver.rl.builders import (
     build_records,
     build_sampler,
     build_tokenizer,
+)
+from jax_routeweaver.rl.router_checkpoint import (
+    load_router,
+    load_router_tokenizer,
+    resolve_checkpoint,
 )
 from jax_routeweaver.rl.routeweaver_run import env_config, reward_config
 from jax_routeweaver.rl.train_config import TrainConfig

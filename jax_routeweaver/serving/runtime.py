@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jax_routeweaver.eval.evaluate import (
+from jax_routeweaver.rl.pool_check import check_run_pool
+from jax_routeweaver.rl.router_checkpoint import (
     checkpoint_config,
     greedy_config,
     load_router_sampler,
     resolve_checkpoint,
 )
-from jax_routeweaver.rl.pool_check import check_run_pool
 from jax_routeweaver.rl.routeweaver_run import env_config
 from jax_routeweaver.rl.train_config import TrainConfig, load_train_config
 from jax_routeweaver.routing.channels import load_channels
