@@ -60,6 +60,7 @@ from jax_routeweaver.models.paged_attention import attention_path
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import SAMPLE_RULES, Rules
 from jax_routeweaver.planning.memory import GIB, PROMPT_TOKENS, Target
+from jax_routeweaver.rl.distributed import rows_per_host
 from jax_routeweaver.sampling.paged_options import MIN_WIDTH, PREFILL_TOKENS, PagedConfig
 
 Engine = Literal["dense", "paged", "vllm"]
@@ -191,7 +192,7 @@ class RolloutShape:
         leaves of it."""
         response = cfg.rollout.protocol.response_length
         row_tokens = length or PROMPT_TOKENS + response
-        rows = -(-cfg.data.batch_size // hosts) * cfg.data.group_size
+        rows = rows_per_host(cfg.data.batch_size, cfg.data.group_size, hosts)
         return cls(rows=rows, prompt=max(1, row_tokens - response),
                    max_new_tokens=cfg.rollout.max_new_tokens, row_tokens=row_tokens,
                    max_model_len=cfg.rollout.vllm.max_model_len)

@@ -119,6 +119,14 @@ def host_share(records: list[Any], process: int, processes: int) -> list[Any]:
     return list(records[process::processes])
 
 
+def rows_per_host(batch_size: int, group_size: int, hosts: int) -> int:
+    """The rollouts of the largest host share of a step (`host_share` of ``batch_size``
+    queries over ``hosts``, K = ``group_size`` each): ``ceil(batch / hosts) x K``, what one
+    host's sampler runs at once in a step's first round (the run sizes its sampler by it and
+    the memory plan prices it)."""
+    return -(-batch_size // hosts) * group_size
+
+
 def merge_host_shares(shares: list[list[Any]], group_size: int) -> list[Any]:
     """Trajectories of all hosts (``shares[p]``: process p's, K per query, in its queries'
     order) back in batch order: query j is process ``j % P``'s ``(j // P)``-th."""

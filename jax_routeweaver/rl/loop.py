@@ -201,7 +201,8 @@ class _Run:
             self.sampler = self.sidecar.sampler
             return
         processes = self.runtime.num_processes
-        rollouts = -(-cfg.data.batch_size // processes) * cfg.data.group_size
+        rollouts = distributed.rows_per_host(cfg.data.batch_size, cfg.data.group_size,
+                                             processes)
         sample_model, sample_mesh = model, self.mesh
         if processes > 1:
             # Multi-host: each host rolls out its share of the queries on its own devices
