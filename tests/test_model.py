@@ -242,7 +242,7 @@ def test_block_attention_matches_dense_on_long_sequences(self_attention):
     mask = q3.AttentionMask(valid, jnp.arange(T), jnp.arange(T))
     blocked = lambda q, k, v: q3.attention(q, k, v, mask, self_attention=self_attention,
                                            causal_parts=4)
-    dense = lambda q, k, v: q3._attend(q, k, v, mask.dense())
+    dense = lambda q, k, v: q3.grouped_attention(q, k, v, mask.dense())
     np.testing.assert_allclose(blocked(q, k, v), dense(q, k, v), atol=1e-5)
     weight = jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.float32)
     loss = lambda f: lambda *qkv: (f(*qkv) * weight).sum()
@@ -265,7 +265,7 @@ def test_self_attention_blocks_skip_the_upper_triangle():
 
     # (The blocked path without `self_attention` is a loop, which cost analysis counts once;
     # the dense computation is the same work in one piece.)
-    full = flops(lambda q, k, v: q3._attend(q, k, v, mask.dense()))
+    full = flops(lambda q, k, v: q3.grouped_attention(q, k, v, mask.dense()))
     causal = flops(lambda q, k, v: q3.attention(q, k, v, mask, 128, self_attention=True,
                                                 causal_parts=8))
     # 8 blocks of 128: (1 + ... + 8) / 64 = 0.5625 of the score blocks
@@ -286,7 +286,7 @@ def test_attention_block_size_changes_memory_not_values(block, self_attention):
     mask = q3.AttentionMask(valid, jnp.arange(T), jnp.arange(T))
     np.testing.assert_allclose(q3.attention(q, k, v, mask, block, self_attention=self_attention,
                                             causal_parts=8),
-                               q3._attend(q, k, v, mask.dense()), atol=1e-5)
+                               q3.grouped_attention(q, k, v, mask.dense()), atol=1e-5)
     with pytest.raises(ConfigError, match="attention_block=0"):
         ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
                     num_heads=2, num_kv_heads=1, head_dim=4, attention_block=0)

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from jax_routeweaver.models.config import ModelConfig
 
-_MASKED = -1e30  # as `qwen3._MASKED`: finite, so a row with no valid key stays NaN-free
+_MASKED = -1e30  # a masked score: finite, so a row with no valid key stays NaN-free
 ATTENTIONS = ("auto", "portable", "pallas")
 Attention = Literal["auto", "portable", "pallas"]
 
@@ -127,7 +127,7 @@ def paged_attention(q: jax.Array, pool_k: jax.Array, pool_v: jax.Array,
 
     def attend(q_blk: jax.Array, pos_blk: jax.Array) -> jax.Array:
         mask = key_ok[:, None, :] & (key_pos[None, None, :] <= pos_blk[:, :, None])
-        return _attend(q_blk, k, v, mask)
+        return grouped_attention(q_blk, k, v, mask)
 
     if block >= T:
         return attend(q, q_positions)
@@ -141,9 +141,12 @@ def paged_attention(q: jax.Array, pool_k: jax.Array, pool_v: jax.Array,
     return out.swapaxes(0, 1).reshape(B, n * block, N, H)[:, :T]
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """q `[B, T, N, H]`, k, v `[B, S, K, H]`, mask `[B, T, S]` -> `[B, T, N, H]` (the
-    arithmetic of `qwen3._attend`)."""
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+                      ) -> jax.Array:
+    """Masked grouped-query attention, the one arithmetic of the dense decoder
+    (`qwen3.attention`) and the paged one: q `[B, T, N, H]`, k, v `[B, S, K, H]`, mask
+    `[B, T, S]` -> `[B, T, N, H]`; scores `q k / sqrt(H)` in fp32, softmax, then in v's
+    dtype."""
     B, T, N, H = q.shape
     K = k.shape[2]
     q = q.reshape(B, T, K, N // K, H)

@@ -25,11 +25,10 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.paged_attention import (
     DecodeKernel,
     PagePool,
+    grouped_attention,
     paged_attention,
     write_pages,
 )
-
-_MASKED = -1e30  # finite, so a fully masked (padding) query row stays NaN-free
 
 
 class KVCache(NamedTuple):
@@ -357,9 +356,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask | ja
     and softmax work (0.56 for 8 parts)."""
     T = q.shape[1]
     if not isinstance(mask, AttentionMask):
-        return _attend(q, k, v, mask)
+        return grouped_attention(q, k, v, mask)
     if block >= T:
-        return _attend(q, k, v, mask.dense())
+        return grouped_attention(q, k, v, mask.dense())
     if self_attention and causal_parts > 1:
         return _causal_blocks(q, k, v, mask, block, causal_parts)
     return _mapped_blocks(q, k, v, mask, block)
@@ -382,7 +381,8 @@ def _mapped_blocks(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
 
     @jax.checkpoint
     def one(q_blk: jax.Array, slot_blk: jax.Array) -> jax.Array:
-        return _attend(q_blk, k, v, AttentionMask(mask.kv_valid, slot_blk, mask.k_slot).dense())
+        block_mask = AttentionMask(mask.kv_valid, slot_blk, mask.k_slot).dense()
+        return grouped_attention(q_blk, k, v, block_mask)
 
     out = jax.lax.map(lambda xs: one(*xs), (qs, slots))
     return out.swapaxes(0, 1).reshape(q.shape[0], n * block, *q.shape[2:])[:, :T]
@@ -405,17 +405,6 @@ def _causal_blocks(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
         part = AttentionMask(mask.kv_valid[:, :end], mask.q_slot[start:end], mask.k_slot[:end])
         outs.append(_mapped_blocks(q[:, start:end], k[:, :end], v[:, :end], part, block))
     return jnp.concatenate(outs, axis=1)
-
-
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    B, T, N, H = q.shape
-    K = k.shape[2]
-    q = q.reshape(B, T, K, N // K, H)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * H**-0.5, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
-    return out.reshape(B, T, N, H)
 
 
 def decoder_layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array,
