@@ -141,7 +141,7 @@ def test_question_floor_weight_takes_over_as_forcing_ends():
 
 @pytest.mark.parametrize("override, key", [
     ("algo.exploration.question_floor=0.5", "algo.exploration.question_floor"),
-    ("algo.loss.question_floor=0.1", "algo.loss.question_floor"),
+    ("algo.loss.question_floor=0.1", "algo.loss.question_floor"),  # not a loss field
     ("algo.loss.question_floor_weight=1", "algo.loss.question_floor_weight"),
 ])
 def test_bad_question_floor_settings_name_the_field(override, key):
@@ -198,9 +198,9 @@ def test_the_learner_takes_its_declaration_terms_from_exploration():
         "algo.loss.micro_batch_size=8"])
     mesh = make_mesh((1, -1, 1))
     model = builders.random_policy(cfg, mesh, build_qwen3_tokenizer())
-    loss = builders.build_trainer(cfg, model, mesh).loss_cfg
-    assert (loss.support_lambda0, loss.support_floor) == (0.002, 0.1)
-    assert (loss.question_floor, loss.question_floor_weight) == (0.04, 0.3)
+    terms = builders.build_trainer(cfg, model, mesh).declarations
+    assert (terms.support_lambda0, terms.support_floor) == (0.002, 0.1)
+    assert (terms.question_floor, terms.question_floor_weight) == (0.04, 0.3)
     off = load_train_config(quickstart, ["model.init=random", "algo.support=false",
                                          "algo.loss.micro_batch_size=8"])
-    assert builders.build_trainer(off, model, mesh).loss_cfg.support_lambda0 == 0.0
+    assert builders.build_trainer(off, model, mesh).declarations.support_lambda0 == 0.0

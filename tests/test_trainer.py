@@ -12,6 +12,7 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
 from jax_routeweaver.models.sharding import create_sharded, make_mesh
 from jax_routeweaver.rl import losses
+from jax_routeweaver.rl.curriculum import ExplorationConfig
 from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 from jax_routeweaver.rl.support import support_batch
 from jax_routeweaver.rl.trainer import Trainer, UpdateBatch, param_groups
@@ -167,8 +168,8 @@ def test_support_gradient_equals_full_graph():
     prompts, decls = support_rows(seed=0)
     sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8)
     assert sb.tokens.shape[:2] == (4, 4)  # 15 rows padded to 16, chunks of 4
-    cfg = LossConfig(support_lambda0=0.5, support_floor=0.3, support_chunk=4)
-    trainer = Trainer(model(seed=1), OptimConfig(), cfg)
+    trainer = Trainer(model(seed=1), OptimConfig(), LossConfig(support_chunk=4),
+                      declarations=ExplorationConfig(support_lambda0=0.5, support_floor=0.3))
     graphdef, params = nnx.split(model(seed=1), nnx.Param)
 
     def weighted(p):
@@ -222,8 +223,8 @@ def test_constrained_support_scores_the_grammar_choice():
     logits at that position), its forced continuation (43 after 42) at probability 1."""
     prompts, decls = support_rows(seed=3)
     sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8, constrained=True)
-    cfg = LossConfig(support_lambda0=0.5, support_floor=0.45, support_chunk=4)
-    trainer = Trainer(model(seed=1), OptimConfig(), cfg)
+    trainer = Trainer(model(seed=1), OptimConfig(), LossConfig(support_chunk=4),
+                      declarations=ExplorationConfig(support_lambda0=0.5, support_floor=0.45))
     graphdef, params = nnx.split(model(seed=1), nnx.Param)
 
     def scores(p):
@@ -441,9 +442,10 @@ def test_question_floor_gradient_equals_full_graph_and_weights_with_rho():
     only the support term acts, at ρ = 0 only the floor."""
     prompts, decls = support_rows(seed=0)
     sb = support_batch(prompts, decls, pad_id=0, chunk=4, length_multiple=8)
-    cfg = LossConfig(support_lambda0=0.5, support_floor=0.3, support_chunk=4,
-                     question_floor=0.3, question_floor_weight=2.0)
-    trainer = Trainer(model(seed=1), OptimConfig(), cfg)
+    trainer = Trainer(model(seed=1), OptimConfig(), LossConfig(support_chunk=4),
+                      declarations=ExplorationConfig(support_lambda0=0.5, support_floor=0.3,
+                                                     question_floor=0.3,
+                                                     question_floor_weight=2.0))
     graphdef, params = nnx.split(model(seed=1), nnx.Param)
 
     def scores(p):
@@ -468,7 +470,8 @@ def test_question_floor_gradient_equals_full_graph_and_weights_with_rho():
     # The rows are scored whenever either term has weight: at ρ = 0 (support weight 0) too.
     _, _, kwargs = trainer._support_args(sb, 0.0, 5)
     assert kwargs["with_support"]
-    off = Trainer(model(seed=1), OptimConfig(), LossConfig(support_lambda0=0.5))
+    off = Trainer(model(seed=1), OptimConfig(), LossConfig(),
+                  declarations=ExplorationConfig(support_lambda0=0.5))
     assert not off._support_args(sb, 0.0, 5)[2]["with_support"]
 
 

@@ -100,12 +100,10 @@ def build_trainer(cfg: TrainConfig, model: Qwen3, mesh: Any) -> Trainer:
     exploration schedule's declaration terms (the support loss's λ0, 0 with ``algo.support``
     off, and δ; the per-question floor's δ_q and λ_q), at the rollout temperature."""
     explore = cfg.algo.exploration
-    loss = dataclasses.replace(
-        cfg.algo.loss, support_lambda0=explore.support_lambda0 if cfg.algo.support else 0.0,
-        support_floor=explore.support_floor, question_floor=explore.question_floor,
-        question_floor_weight=explore.question_floor_weight)
-    return Trainer(model, cfg.optim, loss, temperature=cfg.rollout.temperature, mesh=mesh,
-                   seed=cfg.seed)
+    if not cfg.algo.support:
+        explore = dataclasses.replace(explore, support_lambda0=0.0)
+    return Trainer(model, cfg.optim, cfg.algo.loss, temperature=cfg.rollout.temperature,
+                   mesh=mesh, seed=cfg.seed, declarations=explore)
 
 
 def random_config(cfg: TrainConfig, tokenizer: Any) -> ModelConfig:

@@ -43,12 +43,12 @@ class OptimConfig:
 class LossConfig:
     """Policy objective (docs/algorithm.md, "The policy loss"). ``micro_batch_size``: rows per
     micro-batch (0 = the whole mini-batch in one). ``ppo_mini_batches`` × ``ppo_epochs``
-    optimizer steps per batch (the reference: 1 × 1). The support terms are those of
-    docs/algorithm.md, "The minimum-support loss" (``support_chunk`` rows are scored per
-    forward; the support gradient joins every optimizer step, as the reference's hook joins
-    every backward). ``group_by_length``: micro-batches of length-sorted rows, each at its own
-    length bucket (module docstring; verl's ``use_dynamic_bsz`` serves the same end by
-    packing)."""
+    optimizer steps per batch (the reference: 1 × 1). ``support_chunk``: the declaration rows
+    of docs/algorithm.md, "The minimum-support loss", scored per forward (their weights and
+    floors are ``algo.exploration``'s, `rl.curriculum.ExplorationConfig`; the support
+    gradient joins every optimizer step, as the reference's hook joins every backward).
+    ``group_by_length``: micro-batches of length-sorted rows, each at its own length bucket
+    (module docstring; verl's ``use_dynamic_bsz`` serves the same end by packing)."""
 
     # "segment": mode-declaration and other policy tokens each over their own count;
     # "global": all policy tokens over one count (docs/algorithm.md, "The policy loss")
@@ -59,10 +59,6 @@ class LossConfig:
     kl_coef: float = bounded(0.001, "[0, inf)")  # weight of the k3 KL to the reference; 0 = off
     entropy_coef: float = bounded(0.0, "[0, inf)")  # entropy bonus weight
     micro_batch_size: int = bounded(0, "[0, inf)")  # rows; 0 = the whole mini-batch
-    support_lambda0: float = bounded(0.002, "[0, inf)")  # set via algo.exploration
-    support_floor: float = bounded(0.05, "[0, 1]")  # set via algo.exploration
-    question_floor: float = bounded(0.0, "[0, 0.3333)")  # set via algo.exploration
-    question_floor_weight: float = bounded(0.0, "[0, inf)")  # set via algo.exploration
     support_chunk: int = bounded(12, "[1, inf)")  # rows per support forward
     ppo_mini_batches: int = bounded(1, "[1, inf)")
     ppo_epochs: int = bounded(1, "[1, inf)")

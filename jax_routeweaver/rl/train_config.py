@@ -407,12 +407,6 @@ def check_train_config(cfg: TrainConfig, source: str | Callable[[str], str] = "<
     if task and (task[0].isspace() or len(task) > 48 or any(c in task for c in "<>\n")):
         fail("rollout.task_text", f"{task!r} must be at most 48 characters without tags or "
              "newlines and not start with a space (a route's task must pass the protocol)")
-    default_loss = LossConfig()
-    for name in ("support_lambda0", "support_floor", "question_floor",
-                 "question_floor_weight"):
-        if getattr(cfg.algo.loss, name) != getattr(default_loss, name):
-            fail(f"algo.loss.{name}", f"set algo.exploration.{name} instead (the curriculum "
-                 "owns the declaration terms' schedule; the loss takes it from there)")
     if cfg.model.init not in RANDOM_INITS and cfg.model.random:
         fail("model.random", "only used with model.init: random or stand-in")
     if cfg.model.init != "stand-in" and cfg.model.stand_in != StandInConfig():

@@ -47,6 +47,7 @@ from jax_routeweaver.models.qwen3 import (
 )
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, logical_to_spec, to_host
 from jax_routeweaver.rl import losses
+from jax_routeweaver.rl.curriculum import ExplorationConfig
 from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 from jax_routeweaver.rl.shapes import length_bucket
 from jax_routeweaver.rl.support import SupportBatch, support_gradient
@@ -169,21 +170,27 @@ def opt_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh | No
                                  params, transform_non_params=lambda _: replicated)
 
 
+DECLARATIONS = ExplorationConfig()  # the declaration terms' defaults (the paper's)
+
+
 class Trainer:
     """Owns the train state of one policy and its frozen reference.
 
     ``model``: the policy (``nnx`` module, fp32 params; placed on ``mesh`` by the caller,
     e.g. ``create_sharded``). The reference params are a copy of the initial params unless
     ``reference`` is given. ``temperature``: logprobs are taken at the rollout temperature,
-    as verl divides the actor's logits by it.
+    as verl divides the actor's logits by it. ``declarations``: the declaration terms' weights
+    and floors (``algo.exploration``: the minimum-support loss's λ0 and floor, the
+    per-question floor; a run without ``algo.support`` passes λ0 = 0).
     """
 
     def __init__(self, model: Qwen3, optim: OptimConfig, loss: LossConfig, *,
                  temperature: float = 0.8, mesh: Mesh | None = None,
                  rules: Rules = TRAIN_RULES, seed: int = 0,
-                 reference: nnx.State | None = None):
+                 reference: nnx.State | None = None,
+                 declarations: ExplorationConfig = DECLARATIONS):
         graphdef, params = nnx.split(model, nnx.Param)
-        self._configure(graphdef, optim, loss, temperature, mesh, rules)
+        self._configure(graphdef, optim, loss, temperature, mesh, rules, declarations)
         # Copies: the step donates its state, which must never delete the caller's arrays
         # (a sampler built from the same module may share them).
         copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
@@ -202,14 +209,15 @@ class Trainer:
     @classmethod
     def for_shapes(cls, graphdef: Any, params: Any, optim: OptimConfig, loss: LossConfig, *,
                    temperature: float = 0.8, mesh: Mesh | None = None,
-                   rules: Rules = TRAIN_RULES, reference: Any = None) -> Trainer:
+                   rules: Rules = TRAIN_RULES, reference: Any = None,
+                   declarations: ExplorationConfig = DECLARATIONS) -> Trainer:
         """A trainer over abstract arrays, to compile and analyse (``lower_update``,
         ``lower_logprobs``), never to run. ``params``: the policy's ``nnx.State`` of
         ``jax.ShapeDtypeStruct`` carrying their shardings (``reference``: the frozen copy's,
         default the same). Adam's moments get their parameter's sharding, as in
         :meth:`__init__`."""
         self = cls.__new__(cls)
-        self._configure(graphdef, optim, loss, temperature, mesh, rules)
+        self._configure(graphdef, optim, loss, temperature, mesh, rules, declarations)
         self.ref_params = params if reference is None else reference
         replicated = None if mesh is None else NamedSharding(mesh, P())
         shardings = self._opt_shardings(params)
@@ -225,10 +233,12 @@ class Trainer:
         return opt_shardings(self.tx, params, self.mesh)
 
     def _configure(self, graphdef: Any, optim: OptimConfig, loss: LossConfig,
-                   temperature: float, mesh: Mesh | None, rules: Rules) -> None:
+                   temperature: float, mesh: Mesh | None, rules: Rules,
+                   declarations: ExplorationConfig) -> None:
         if not temperature > 0:
             raise ValueError(f"temperature={temperature} must be > 0")
         self.optim_cfg, self.loss_cfg, self.temperature = optim, loss, temperature
+        self.declarations = declarations
         self.mesh, self.rules = mesh, rules
         if loss.micro_batch_size % self._shards():
             # Each micro-batch's rows are sharded over the batch axes.
@@ -389,7 +399,7 @@ class Trainer:
         """The declaration rows (None when the declaration terms have no weight at this ρ:
         neither ``λ0·ρ`` nor the per-question floor's ``λ_q·(1 − ρ)``), ``ρ`` and the
         static kwargs."""
-        cfg = self.loss_cfg
+        cfg = self.declarations
         weight = cfg.support_lambda0 * support_rho
         if cfg.question_floor > 0:
             weight += cfg.question_floor_weight * (1.0 - support_rho)
@@ -535,7 +545,7 @@ class Trainer:
                 lp = self._policy_logp(p, tokens, positions, mask, index, temperature=1.0)
             return lp, span
 
-        cfg = self.loss_cfg
+        cfg = self.declarations
         return support_gradient(params, sb, rho, num_queries, chunk_logp=chunk_logp,
                                 lambda0=cfg.support_lambda0, floor=cfg.support_floor,
                                 question_floor=cfg.question_floor,
