@@ -372,3 +372,25 @@ def test_options_from_the_train_config_section():
     assert (options.page_size, options.budget_tokens, options.memory_fraction,
             options.max_rows) == (32, 4096, 0.25, 8)
     assert PagedConfig.of(None) == PagedConfig() and PagedConfig.of(options) is options
+
+
+def test_the_default_pool_on_a_cpu_takes_at_most_its_cap():
+    """budget_tokens 0: memory_fraction of the free memory, capped at max_rows rows of
+    max_position_embeddings and, on the CPU backend (the host's memory, shared with the
+    trainer), at CPU_POOL_BYTES: a suite's worth of default samplers once took a test worker
+    past the machine's memory."""
+    from jax_routeweaver.sampling.paged_options import (
+        CPU_POOL_BYTES,
+        kv_bytes_per_token,
+        pool_pages,
+    )
+
+    wide = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=8,
+                       num_heads=8, num_kv_heads=8, head_dim=64,
+                       max_position_embeddings=40960)  # 64 rows: 21 GB of fp32 pages
+    per_token = kv_bytes_per_token(wide)
+    pages = pool_pages(wide, PagedConfig(), device=jax.devices("cpu")[0])
+    assert pages * 16 * per_token <= CPU_POOL_BYTES < (pages + 1) * 16 * per_token
+    small = wide.replace(num_layers=1, num_kv_heads=1, head_dim=16, num_heads=1,
+                         max_position_embeddings=256)
+    assert pool_pages(small, PagedConfig(max_rows=4), device=jax.devices("cpu")[0]) == 4 * 16

@@ -21,6 +21,10 @@ MIN_WIDTH = 4           # smallest page-table width (pages per row) compiled
 MIN_SLOTS = 8           # fewest decode slots one launch runs (fewer compiled sizes)
 MIN_CHUNK = 16          # smallest prefill chunk compiled
 PREFILL_TOKENS = 8192   # most tokens (rows x chunk) one prefill call runs
+# With budget_tokens 0 on the CPU backend: the most the pool takes (bytes). A CPU device's
+# "free memory" is the host's, shared with the trainer and every other process, and tiny CPU
+# routers need little; a larger pool there takes budget_tokens.
+CPU_POOL_BYTES = 512 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +35,7 @@ class PagedConfig:
         page_size: tokens per page (>= 1).
         budget_tokens: the pool's size in tokens (>= 0); 0: from `memory_fraction` of one
             device's free memory at start-up, capped at `max_rows` rows of the model's
-            `max_position_embeddings`.
+            `max_position_embeddings` (on the CPU backend also at `CPU_POOL_BYTES`).
         memory_fraction: with `budget_tokens` 0, the share of one device's free memory the
             pool takes, in (0, 1].
         max_rows: decode slots: the most rows decoded at once (>= 1).
@@ -106,17 +110,22 @@ def device_free_bytes(device: jax.Device) -> int | None:
 def pool_pages(cfg: ModelConfig, options: PagedConfig, *, dtype: str | None = None,
                kv_shards: int = 1, device: jax.Device | None = None) -> int:
     """How many pages the pool gets: `budget_tokens`, or `memory_fraction` of `device`'s free
-    memory (each device holds 1/`kv_shards` of every token), capped at `max_rows` rows of
-    `max_position_embeddings` tokens. ValueError naming the setting when not even one page."""
+    memory (each device holds 1/`kv_shards` of every token; on a CPU device at most
+    `CPU_POOL_BYTES`), capped at `max_rows` rows of `max_position_embeddings` tokens.
+    ValueError naming the setting when not even one page."""
     if options.budget_tokens:
         tokens = options.budget_tokens
     else:
-        free = device_free_bytes(device or jax.devices()[0])
+        device = device or jax.devices()[0]
+        free = device_free_bytes(device)
         if free is None:
             raise ValueError("paged KV cache: the device's free memory is unknown; set "
                              "budget_tokens (rollout.paged.budget_tokens)")
         per_token = kv_bytes_per_token(cfg, dtype) / kv_shards
-        tokens = min(int(options.memory_fraction * free / per_token),
+        share = options.memory_fraction * free
+        if device.platform == "cpu":
+            share = min(share, CPU_POOL_BYTES)
+        tokens = min(int(share / per_token),
                      options.max_rows * cfg.max_position_embeddings)
     pages = tokens // options.page_size
     if pages < 1:
