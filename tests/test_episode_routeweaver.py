@@ -403,11 +403,12 @@ def test_an_env_that_raises_ends_its_episode_only_as_an_infra_row(tok, tasks):
 
 
 def test_fatal_env_errors_end_the_run(tok, tasks):
-    """A broken install (ImportError) or an env's declared fatal error is no row failure."""
+    """A broken install (ImportError) or an env's declared fatal error (its execution
+    feedback's: a host that cannot isolate programs) is no row failure."""
     from jax_routeweaver.rewards.sandbox import IsolationUnavailable
 
     pool = SimulatedWorkerPool(tasks, seed=3)
-    factory = routeweaver_envs(tok, pool)
+    factory = routeweaver_envs(tok, pool, EnvConfig(feedback=execution_feedback()))
     for error in (ImportError("no module"), IsolationUnavailable("no bwrap")):
         def make(record, repeat, error=error):
             prompt, env = factory(record, repeat)
