@@ -42,7 +42,7 @@ def model():
 @pytest.fixture(scope="module")
 def sampler(model, tokenizer):
     constraints = GrammarConstraints(tokenizer, model.config.vocab_size)
-    return JaxSampler(model, decode=tokenizer.decode, constraints=constraints)
+    return JaxSampler(model, kv_cache="dense", decode=tokenizer.decode, constraints=constraints)
 
 
 def prompts(tokenizer, n):
@@ -86,7 +86,7 @@ def test_unconstrained_rows_and_stop_token_grammars(sampler, tokenizer):
 
 
 def test_grammar_errors(model, tokenizer, sampler):
-    plain = JaxSampler(model)
+    plain = JaxSampler(model, kv_cache="dense")
     with pytest.raises(ValueError, match="constraints=GrammarConstraints"):
         plain.generate([[1, 2]], SamplingParams(max_new_tokens=2), [SELECTOR])
     with pytest.raises(ValueError, match="1 grammars for 2 prompts"):
@@ -191,8 +191,8 @@ def test_choice_grammars_decode_on_device_as_with_host_masks(model, tokenizer, d
     constraints = GrammarConstraints(tokenizer, model.config.vocab_size)
     kw = dict(decode=tokenizer.decode, constraints=constraints, stop_check_interval=4,
               mesh=mesh, rules=SAMPLE_RULES)
-    on_device = JaxSampler(model, **kw)
-    on_host = JaxSampler(model, device_choices=False, **kw)
+    on_device = JaxSampler(model, kv_cache="dense", **kw)
+    on_host = JaxSampler(model, kv_cache="dense", device_choices=False, **kw)
     calls = {"device": 0}
     decode = on_device._decode
 
@@ -257,7 +257,7 @@ def test_choice_samples_canonical_tokens_uniformly(tokenizer):
                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32)
     flat = Qwen3(cfg, rngs=nnx.Rngs(0))
     flat.lm_head[...] = jnp.zeros_like(flat.lm_head[...])
-    sampler = JaxSampler(flat, decode=tokenizer.decode, constraints=constraints)
+    sampler = JaxSampler(flat, kv_cache="dense", decode=tokenizer.decode, constraints=constraints)
     n = 240
     out = sampler.generate([tokenizer.encode(f"Query {i}", add_special_tokens=False)
                             for i in range(n)],
