@@ -10,19 +10,16 @@ to that dtype (`expected_served`), and a reload that kept the previous weights
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
-from test_sidecar_bf16 import _router, _step
+from test_sidecar_bf16 import _router, _step, stale_server
 
-from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
 from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
 from jax_routeweaver.rl.trainer import Trainer
-from jax_routeweaver.sampling.vllm_server import ServerConfig, SidecarError, VllmServer
-from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
+from jax_routeweaver.sampling.vllm_server import SidecarError
 from jax_routeweaver.sampling.vllm_worker_ext import (
     SERVED_RTOL,
     compare_checksums,
@@ -42,23 +39,9 @@ def served(request, tmp_path_factory):
     dtype = request.param
     root = tmp_path_factory.mktemp(dtype)
     tokenizer = build_qwen3_tokenizer(cache_dir=root / "tokenizer-cache")
-    hf_dir = save_hf(_router(), root / "initial_hf", tokenizer=tokenizer)
-    flag = root / "stale"
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "ROUTEWEAVER_TEST_STALE_FLAG")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved["PYTHONPATH"]]))
-    os.environ["ROUTEWEAVER_TEST_STALE_FLAG"] = str(flag)
-    server = VllmServer(ServerConfig(model=str(hf_dir), work_dir=str(root / "server"),
-                                     dtype=dtype, max_model_len=256, single_process=True,
-                                     worker_extension_cls="stale_loader.StaleableLoader"))
-    sampler = VllmSidecarSampler(server, decode=tokenizer.decode)
-    try:
-        server.start()
+    with stale_server(root, _router(), tokenizer, dtype=dtype, max_model_len=256) as (
+            sampler, flag):
         yield dtype, root, sampler, flag
-    finally:
-        sampler.close()
-        server.stop()
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def test_at_the_papers_lr_the_served_parameters_tell_a_stale_server(served):

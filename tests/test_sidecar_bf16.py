@@ -9,6 +9,7 @@ are right and whose every probe token is within the bf16 tolerance, is still cau
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -65,28 +66,39 @@ def _router() -> Qwen3:
     return model
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bf16")
-    tokenizer = build_qwen3_tokenizer(cache_dir=root / "tokenizer-cache")
-    model = _router()
+@contextlib.contextmanager
+def stale_server(root: Path, model: Qwen3, tokenizer, **server):
+    """A REAL vLLM server of `model` (saved under `root`) whose weight loader is
+    `stale_loader.StaleableLoader`: (its sampler, the flag file that makes reloads stale).
+    `server`: more `ServerConfig` fields (dtype, max_model_len, ...)."""
     hf_dir = save_hf(model, root / "initial_hf", tokenizer=tokenizer)
     flag = root / "stale"
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "ROUTEWEAVER_TEST_STALE_FLAG")}
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved["PYTHONPATH"]]))
     os.environ["ROUTEWEAVER_TEST_STALE_FLAG"] = str(flag)
-    server = VllmServer(ServerConfig(model=str(hf_dir), work_dir=str(root / "server"),
-                                     dtype="bfloat16", max_model_len=512, single_process=True,
-                                     worker_extension_cls="stale_loader.StaleableLoader"))
-    sampler = VllmSidecarSampler(server, decode=tokenizer.decode)
+    vllm = VllmServer(ServerConfig(model=str(hf_dir), work_dir=str(root / "server"),
+                                   single_process=True,
+                                   worker_extension_cls="stale_loader.StaleableLoader",
+                                   **server))
+    sampler = VllmSidecarSampler(vllm, decode=tokenizer.decode)
     try:
-        server.start()
-        yield root, tokenizer, model, sampler, flag
+        vllm.start()
+        yield sampler, flag
     finally:
         sampler.close()
-        server.stop()
+        vllm.stop()
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bf16")
+    tokenizer = build_qwen3_tokenizer(cache_dir=root / "tokenizer-cache")
+    model = _router()
+    with stale_server(root, model, tokenizer, dtype="bfloat16", max_model_len=512) as (
+            sampler, flag):
+        yield root, tokenizer, model, sampler, flag
 
 
 def _probe_logprobs(model: Qwen3, ids: list[int]) -> np.ndarray:
