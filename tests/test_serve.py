@@ -324,9 +324,11 @@ def test_a_client_that_disconnects_ends_its_request_and_the_record_is_logged(
 
 
 # ------------------------------------------------------------------------------ concurrency
-def test_concurrent_requests_share_sampler_batches(served, workers, run):
+def test_concurrent_requests_share_sampler_batches(served, workers, run, patient_pool):
     """Sixteen clients at once: their router turns are sampled in batches of several rows
-    (one row per request turn), not one request at a time."""
+    (one row per request turn), not one request at a time. The pool is patient: on a loaded
+    machine sixteen calls of 0.2 s can outlast the fixture's 1 s budget, and this test is
+    about batching, not budgets."""
     sampler = served.runtime.sampler
     batches, rows = sampler.batches, sampler.rows
     workers.delay_s = 0.2
@@ -350,9 +352,9 @@ def test_concurrent_requests_share_sampler_batches(served, workers, run):
     assert sampler.batches - batches < turns / 2, "turns were sampled one request at a time"
 
 
-def test_more_requests_than_max_inflight_get_503(served, workers, options, run):
+def test_more_requests_than_max_inflight_get_503(served, workers, options, run, patient_pool):
     options(max_inflight=1)
-    workers.delay_s = 0.5  # under the 1 s worker budget: the first request's call succeeds
+    workers.delay_s = 0.5  # the first request is still in flight when the second arrives
 
     def post():
         return httpx.post(served.url + "/chat/completions", headers=_auth(), timeout=60,
