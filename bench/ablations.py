@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jax_routeweaver.data.records import Domain  # noqa: E402
-from jax_routeweaver.rl.metrics import window_mean  # noqa: E402
-from jax_routeweaver.rl.run_log import read_metrics  # noqa: E402
+from jax_routeweaver.rl.reports.metrics import window_mean  # noqa: E402
+from jax_routeweaver.rl.reports.run_log import read_metrics  # noqa: E402
 
 CONFIGS = {
     "comet (full)": ROOT / "configs" / "quickstart.yaml",

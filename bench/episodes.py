@@ -22,10 +22,10 @@ from rich.table import Table
 from suite import write_bench_json
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-from jax_routeweaver.routing.episode import EpisodeStats, run_episodes
-from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.episodes.episode import EpisodeStats, run_episodes
+from jax_routeweaver.routing.episodes.routeweaver_env import EnvConfig, routeweaver_envs
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 from jax_routeweaver.sampling.base import Completion, SamplingParams, apply_stop_strings
 
 SCRIPTS = {  # router turns per mode; dispatch rounds: single 1, multi 2, agentic 2

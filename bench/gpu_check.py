@@ -103,8 +103,8 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import SAMPLE_RULES, TRAIN_RULES, create_sharded, make_mesh
 from jax_routeweaver.planning.memory import GIB, HEADROOM, StepShape, memory_plan
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.dense_buckets import new_token_bucket
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
@@ -555,7 +555,7 @@ def sync_run(cfg: ModelConfig, work: Path) -> dict[str, Any]:
     the test suite's loader that reports what it was handed but keeps the old weights)."""
     from jax_routeweaver.models.hf import save_hf
     from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-    from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
+    from jax_routeweaver.rl.run.checkpoint import PolicyCheckpointer
     from jax_routeweaver.sampling.vllm_server import ServerConfig, SidecarError, VllmServer
     from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler
     from jax_routeweaver.sampling.vllm_worker_ext import expected_served, model_checksums

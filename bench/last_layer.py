@@ -37,8 +37,8 @@ from rich.table import Table
 
 from jax_routeweaver.models.qwen3 import Qwen3, init_cache
 from jax_routeweaver.models.sharding import create_sharded, make_mesh
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch
 
 TOLERANCE = 1e-4
 

@@ -13,7 +13,7 @@ Everything else is the run's: the config's router (``model.init``: the quickstar
 built or loaded from its cache), the learner `builders.build_trainer` makes from ``optim``,
 ``algo.loss`` and ``algo.exploration`` (PPO dual clip, k3 KL to the initial router, the
 segment reduction, AdamW, and the per-question mode floor when set), the estimator
-``algo.estimator`` on rows packed by `rl.batch.pack_rollouts`, and the rollout temperature.
+``algo.estimator`` on rows packed by `rl.learner.batch.pack_rollouts`, and the rollout temperature.
 Arms are sampled from the router's own choice distribution (the constrained sampler's
 choice among the arms' tokens), K per question.
 
@@ -58,14 +58,14 @@ sys.path.insert(0, str(ROOT))
 from jax_routeweaver.data.records import Record  # noqa: E402
 from jax_routeweaver.models.sharding import make_mesh  # noqa: E402
 from jax_routeweaver.rewards.reward import Rewards  # noqa: E402
-from jax_routeweaver.rl import builders, stand_in  # noqa: E402
-from jax_routeweaver.rl.batch import compute_advantages, mode_mask, pack_rollouts  # noqa: E402
-from jax_routeweaver.rl.routeweaver_run import declaration_rows, env_config  # noqa: E402
-from jax_routeweaver.rl.train_config import TrainConfig, load_train_config  # noqa: E402
-from jax_routeweaver.routing import grammar as g  # noqa: E402
-from jax_routeweaver.routing import prompts  # noqa: E402
-from jax_routeweaver.routing.episode import Trajectory  # noqa: E402
-from jax_routeweaver.routing.routeweaver_env import routeweaver_envs  # noqa: E402
+from jax_routeweaver.rl.learner.batch import compute_advantages, mode_mask, pack_rollouts  # noqa: E402
+from jax_routeweaver.rl.run import builders, stand_in  # noqa: E402
+from jax_routeweaver.rl.run.routeweaver_run import declaration_rows, env_config  # noqa: E402
+from jax_routeweaver.rl.run.train_config import TrainConfig, load_train_config  # noqa: E402
+from jax_routeweaver.routing.episodes.episode import Trajectory  # noqa: E402
+from jax_routeweaver.routing.episodes.routeweaver_env import routeweaver_envs  # noqa: E402
+from jax_routeweaver.routing.protocol import grammar as g  # noqa: E402
+from jax_routeweaver.routing.protocol import prompts  # noqa: E402
 
 HELD_OUT = 20  # held-out questions per domain
 CHUNK = 32  # rows per forward when reading choice distributions
@@ -201,7 +201,7 @@ class Bandit:
         update = packed.for_update(packed.gather(np.asarray(adv.token_advantages)),
                                    mode_mask(packed, estimator))
         # The exploration schedule's free phase (rho 0): the per-question mode floor is the
-        # only declaration term that can have weight (`rl.support.declaration_weight`).
+        # only declaration term that can have weight (`rl.core.support.declaration_weight`).
         support = declaration_rows(self.cfg, self.tokenizer, picks, rho=0.0) \
             if arms.kind == "modes" else None
         return self.trainer.update(update, support=support, support_rho=0.0,

@@ -95,8 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=16"
     from jax_routeweaver.models.config import ModelConfig
     from jax_routeweaver.planning import step as sp
-    from jax_routeweaver.planning.table import record_table, replace_block, search_choices
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.planning.table import (
+        read_block,
+        record_table,
+        replace_block,
+        search_choices,
+    )
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     cfg = load_train_config(ROOT / args.config, args.overrides)
     arch = ModelConfig.from_hf(ROOT / args.arch)
@@ -126,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_readme:
         args.readme.write_text(replace_block(args.readme.read_text(), table))
         print(f"rewrote the plan table in {args.readme}")
+    elif read_block(args.readme.read_text()) != table:
+        print(f"{args.readme}'s plan table differs from this one: --write-readme rewrites it")
     return 0
 
 

@@ -23,8 +23,8 @@ from suite import write_bench_json
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jax_routeweaver.rl.loop import train  # noqa: E402
-from jax_routeweaver.rl.train_config import load_train_config  # noqa: E402
+from jax_routeweaver.rl.run.loop import train  # noqa: E402
+from jax_routeweaver.rl.run.train_config import load_train_config  # noqa: E402
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # metric key -> column title; every row has these medians.

@@ -9,7 +9,7 @@ outputs (``favourites.json``) it prints:
 * per domain, the most frequent first worker over the last 10 steps
   (``workers/first_by_domain``: the first call of every row) and its share, the most called
   worker overall (``workers/share_by_domain``), against the pool's most skilled worker for
-  that domain at medium difficulty (`routing.simulated_profiles.DEFAULT_PROFILES`), and how
+  that domain at medium difficulty (`routing.simulated.profiles.DEFAULT_PROFILES`), and how
   many distinct first workers lead.
 
 Never pass/fail: the numbers go to bench/RESULTS.md.
@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jax_routeweaver.data.records import Domain  # noqa: E402
-from jax_routeweaver.rl.metrics import window_mean  # noqa: E402
-from jax_routeweaver.rl.run_log import read_metrics  # noqa: E402
-from jax_routeweaver.routing.simulated_profiles import DEFAULT_PROFILES  # noqa: E402
+from jax_routeweaver.rl.reports.metrics import window_mean  # noqa: E402
+from jax_routeweaver.rl.reports.run_log import read_metrics  # noqa: E402
+from jax_routeweaver.routing.simulated.profiles import DEFAULT_PROFILES  # noqa: E402
 
 MODES = ("single", "multi", "agentic")
 WINDOW = 10

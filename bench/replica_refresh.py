@@ -4,11 +4,11 @@ Part 1 (measured): two processes x 4 CPU devices (jax.distributed on localhost, 
 random router FSDP-sharded for training over all 8 devices; each host refreshes its sampler
 copy (tensor parallel over 2 of its devices) the former way, `tree_to_host` (the whole model
 gathered into host memory on every host, then placed on the host's sampler mesh), and the new
-way, `rl.replica.HostReplicas.refresh`. Printed: seconds per refresh (median of 5 after a
+way, `rl.run.replica.HostReplicas.refresh`. Printed: seconds per refresh (median of 5 after a
 warm-up) and the ratio new / before. CPU devices share one host's memory, so this shows the
 cost of the host round trip, not an accelerator's interconnect.
 
-Part 2 (counted, `rl.replica.refresh_bytes`): bytes one refresh moves per host for Qwen3-4B
+Part 2 (counted, `rl.run.replica.refresh_bytes`): bytes one refresh moves per host for Qwen3-4B
 (fp32 params) on multi-host targets.
 
     .venv/bin/python bench/replica_refresh.py [--shape mid]
@@ -58,8 +58,8 @@ def worker(shape: str, out: str) -> None:
         param_specs,
         tree_to_host,
     )
-    from jax_routeweaver.rl.distributed import initialize
-    from jax_routeweaver.rl.replica import HostReplicas, param_bytes
+    from jax_routeweaver.rl.run.distributed import initialize
+    from jax_routeweaver.rl.run.replica import HostReplicas, param_bytes
 
     runtime = initialize()
     cfg = ModelConfig(max_position_embeddings=1024, tie_word_embeddings=True, **SHAPES[shape])
@@ -123,7 +123,7 @@ def main() -> None:
 
     from jax_routeweaver.models.config import ModelConfig
     from jax_routeweaver.models.qwen3 import Qwen3
-    from jax_routeweaver.rl.replica import param_bytes, refresh_bytes
+    from jax_routeweaver.rl.run.replica import param_bytes, refresh_bytes
 
     with tempfile.TemporaryDirectory(prefix="replica_refresh_") as tmp:
         r = measure(args.shape, Path(tmp))

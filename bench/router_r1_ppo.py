@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from jax_routeweaver.rl.loop import train  # noqa: E402
-from jax_routeweaver.rl.metrics import window_mean  # noqa: E402
-from jax_routeweaver.rl.train_config import load_train_config  # noqa: E402
+from jax_routeweaver.rl.reports.metrics import window_mean  # noqa: E402
+from jax_routeweaver.rl.run.loop import train  # noqa: E402
+from jax_routeweaver.rl.run.train_config import load_train_config  # noqa: E402
 
 CONFIG = ROOT / "configs" / "router_r1_quickstart.yaml"
 # One rollout per prompt and 12 prompts a step (4 per domain), two PPO mini-batches for the

@@ -2,7 +2,7 @@
 requests sent straight to one worker; and the cold start (`--cold`). The soak under worker
 faults is `bench/serve_soak.py`.
 
-Setup (all on loopback): the SIMULATED workers behind real HTTP (`routing.simulated_http`),
+Setup (all on loopback): the SIMULATED workers behind real HTTP (`routing.simulated.http_endpoint`),
 each completion taking `--delay` seconds; `routeweaver serve` as its own process on a router
 checkpoint (default: a random-init quickstart router, built here; `--checkpoint` for a
 trained run); `--clients` concurrent `openai.AsyncOpenAI` clients send `--requests` questions
@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 import openai
 
-from jax_routeweaver.routing.simulated_http import SimulatedHttpWorkers
+from jax_routeweaver.routing.simulated.http_endpoint import SimulatedHttpWorkers
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -137,7 +137,7 @@ async def direct(url: str, questions: list[str], clients: int, worker: str = "si
 
 
 def pct(values: list[float], q: float) -> float:
-    from jax_routeweaver.routing.pricing import percentile_linear
+    from jax_routeweaver.routing.pools.pricing import percentile_linear
 
     return percentile_linear(sorted(values), q)
 
@@ -158,7 +158,7 @@ def overhead_share(latencies: list[float], records: list[dict]) -> dict[str, Any
 def bench(args: argparse.Namespace, checkpoint: Path, work: Path, sim: Any,
           tasks: list) -> tuple[dict, bool]:
     """The benchmark of the module docstring's first part: (summary, goal met)."""
-    from jax_routeweaver.routing.simulated_http import simulated_channel_file
+    from jax_routeweaver.routing.simulated.http_endpoint import simulated_channel_file
 
     budgets = [float(b) for b in args.budgets.split(",")]
     modes = args.modes.split(",")
@@ -224,7 +224,7 @@ def cold_start(args: argparse.Namespace, checkpoint: Path, work: Path, sim: Any,
     `--clients` requests (cold: the first requests it ever serves) and a second (warm), on
     fault-free workers. Measures start-up seconds (process start to listening) and the
     router's share of each wave's p50."""
-    from jax_routeweaver.routing.simulated_http import simulated_channel_file
+    from jax_routeweaver.routing.simulated.http_endpoint import simulated_channel_file
 
     budgets = [float(b) for b in args.budgets.split(",")]
     modes = args.modes.split(",")
@@ -294,9 +294,9 @@ def setup(args: argparse.Namespace) -> tuple[Path, Path, Any, list, Any]:
     """(a work directory, the router checkpoint: `--checkpoint`, else a random-init
     quickstart router built there, its run config, the run's synthetic questions, the
     simulated workers that know their answers)."""
-    from jax_routeweaver.rl.train_config import load_train_config
-    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+    from jax_routeweaver.rl.run.train_config import load_train_config
+    from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+    from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
     work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
     checkpoint = args.checkpoint

@@ -76,7 +76,7 @@ from serve import (
     start_server,
 )
 
-from jax_routeweaver.routing.simulated_http import Fault, SimulatedHttpWorkers
+from jax_routeweaver.routing.simulated.http_endpoint import Fault, SimulatedHttpWorkers
 
 # Seconds a soak channel waits for one attempt (its `timeout_s`); a stall answers later.
 SOAK_TIMEOUT_S = 5.0
@@ -147,7 +147,7 @@ class Endpoint:
 
     def __init__(self, sim: Any, workers: tuple[str, ...], delay_s: float,
                  script: FaultScript):
-        from jax_routeweaver.routing.simulated_http import model_name
+        from jax_routeweaver.routing.simulated.http_endpoint import model_name
 
         self.sim, self.delay_s, self.script = sim, delay_s, script
         self.models = [model_name(w) for w in workers]
@@ -192,9 +192,9 @@ class Endpoint:
 
 
 def two_endpoint_channels(path: Path, sim: Any, endpoints: list[Endpoint]) -> Path:
-    """The simulated channel file (reference prices, keyed, `SOAK_TIMEOUT_S`, the soak's
+    """The simulated channel file (the original's prices, keyed, `SOAK_TIMEOUT_S`, the soak's
     fallbacks) with each worker pointed at its endpoint."""
-    from jax_routeweaver.routing.simulated_http import simulated_channel_file
+    from jax_routeweaver.routing.simulated.http_endpoint import simulated_channel_file
 
     simulated_channel_file(path, sim, endpoints[0].url, timeout_s=SOAK_TIMEOUT_S,
                            fallbacks=SOAK_FALLBACKS,
@@ -230,9 +230,9 @@ class Budgets:
 
     def __init__(self, channels: Path, factors: list[float], max_tokens: int):
         # Imported here, not on the first request: an import would stall the clients' loop.
-        from jax_routeweaver.routing.channels import load_channels
-        from jax_routeweaver.routing.prompts import single_multi_payload
-        from jax_routeweaver.routing.workers import HttpWorkerPool
+        from jax_routeweaver.routing.pools.channels import load_channels
+        from jax_routeweaver.routing.pools.workers import HttpWorkerPool
+        from jax_routeweaver.routing.protocol.prompts import single_multi_payload
         from jax_routeweaver.serving.router import DIRECT_TASK
 
         self.pool = HttpWorkerPool(load_channels(channels))  # only priced, never called
@@ -240,7 +240,7 @@ class Budgets:
         self.payload = lambda question: single_multi_payload(question, DIRECT_TASK)
 
     def __call__(self, n: int, question: str) -> float:
-        from jax_routeweaver.routing.pricing import tokens_cost
+        from jax_routeweaver.routing.pools.pricing import tokens_cost
 
         payload = self.payload(question)
         worst = max(tokens_cost(w, b.prompt_tokens, b.completion_tokens, self.prices)
@@ -361,7 +361,7 @@ async def soak_run(args: argparse.Namespace, url: str, proc: subprocess.Popen,
 def provider_usd(bills: list, prices: dict) -> tuple[dict[int, float], int]:
     """What the provider billed each soak request (USD, by the tag in the attempt's prompt,
     at the channel file's prices), and how many bills carry no tag."""
-    from jax_routeweaver.routing.pricing import tokens_cost
+    from jax_routeweaver.routing.pools.pricing import tokens_cost
 
     usd: dict[int, float] = defaultdict(float)
     untagged = 0

@@ -34,9 +34,9 @@ from jax_routeweaver.models.config import ModelConfig  # noqa: E402
 from jax_routeweaver.models.hf import save_hf  # noqa: E402
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs  # noqa: E402
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer  # noqa: E402
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer  # noqa: E402
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig  # noqa: E402
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch  # noqa: E402
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig  # noqa: E402
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch  # noqa: E402
+from jax_routeweaver.rl.run.checkpoint import PolicyCheckpointer  # noqa: E402
 from jax_routeweaver.sampling.sidecar import PROBE_TEXT  # noqa: E402
 from jax_routeweaver.sampling.vllm_server import ServerConfig, VllmServer  # noqa: E402
 from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler  # noqa: E402

@@ -44,8 +44,8 @@ from rich.console import Console
 from rich.table import Table
 
 from jax_routeweaver.models.hf import load_hf
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from suite import write_bench_json

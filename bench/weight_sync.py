@@ -40,7 +40,7 @@ from jax_routeweaver.models.config import ModelConfig  # noqa: E402
 from jax_routeweaver.models.hf import save_hf  # noqa: E402
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs  # noqa: E402
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer  # noqa: E402
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer  # noqa: E402
+from jax_routeweaver.rl.run.checkpoint import PolicyCheckpointer  # noqa: E402
 from jax_routeweaver.sampling.base import SamplingParams  # noqa: E402
 from jax_routeweaver.sampling.jax_sampler import JaxSampler  # noqa: E402
 from jax_routeweaver.sampling.vllm_server import ServerConfig, VllmServer  # noqa: E402

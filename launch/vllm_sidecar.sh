@@ -32,10 +32,10 @@ Options (environment variable in brackets):
   --host ADDR                   bind address (default 127.0.0.1) [SIDECAR_HOST]
   --port N                      port (default 8100) [SIDECAR_PORT]
   --gpus LIST                   CUDA_VISIBLE_DEVICES for the server (default: inherited)
-  --gpu-memory-utilization F    vLLM's share of each GPU (default 0.30, the reference's
+  --gpu-memory-utilization F    vLLM's share of each GPU (default 0.30, the original's
                                 time-shared value; raise it on GPUs of its own; empty: omit
                                 the flag) [SIDECAR_GPU_MEMORY_UTILIZATION]
-  --max-model-len N             default 22528 = 6144 prompt + 16384 response, the reference
+  --max-model-len N             default 22528 = 6144 prompt + 16384 response, the original's
                                 [SIDECAR_MAX_MODEL_LEN]
   --tensor-parallel-size N      default 1 (empty: omit the flag) [SIDECAR_TENSOR_PARALLEL_SIZE]
   --dtype D                     default float32, rollout.vllm.dtype's default [SIDECAR_DTYPE]

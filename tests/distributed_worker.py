@@ -1,5 +1,5 @@
 """One process of the multi-host trainer test (tests/test_distributed.py): joins the runtime
-from the environment (``rl.distributed.initialize``), builds the tiny policy on the mesh of all
+from the environment (``rl.run.distributed.initialize``), builds the tiny policy on the mesh of all
 processes' devices, runs two optimizer steps on fixed batches, saves the policy and the full
 train state with orbax (every process writes its shards, as orbax expects) under ``argv[2]``,
 and writes the losses and the final parameters (gathered) to ``argv[1]`` (process 0 only)."""
@@ -15,11 +15,11 @@ from flax import nnx
 
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import create_sharded, make_mesh, to_host
-from jax_routeweaver.rl.checkpoint import StateCheckpointer, save_policy
-from jax_routeweaver.rl.distributed import initialize
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.replica import HostReplicas
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.run.checkpoint import StateCheckpointer, save_policy
+from jax_routeweaver.rl.run.distributed import initialize
+from jax_routeweaver.rl.run.replica import HostReplicas
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_trainer import CFG, random_batch

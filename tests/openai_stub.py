@@ -1,10 +1,13 @@
 """The loopback stub the HTTP tests share: the simulated workers behind real HTTP
-(`routing.simulated_http`), with worker_1's key read from KEY_ENV."""
+(`routing.simulated.http_endpoint`), with worker_1's key read from KEY_ENV."""
 
 from pathlib import Path
 
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.simulated_http import SimulatedHttpWorkers, simulated_channel_file
+from jax_routeweaver.routing.simulated.http_endpoint import (
+    SimulatedHttpWorkers,
+    simulated_channel_file,
+)
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
 
 KEY_ENV, SECRET = "RW_STUB_TEST_KEY", "sk-stub-test-9f8e7d6c5b4a"
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",

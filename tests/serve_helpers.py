@@ -12,9 +12,9 @@ from rich.console import Console
 
 from jax_routeweaver.config import dump_config
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
-from jax_routeweaver.rl.checkpoint import save_policy
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run.builders import build_policy, build_pool, build_records, build_tokenizer
+from jax_routeweaver.rl.run.checkpoint import save_policy
+from jax_routeweaver.rl.run.train_config import load_train_config
 from jax_routeweaver.serving.app import create_app
 from jax_routeweaver.serving.config import ServeConfig
 from jax_routeweaver.serving.metrics import ServeMetrics

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_routeweaver.rl.advantages import (
+from jax_routeweaver.rl.core.advantages import (
     EPS,
     Advantages,
     check_identity,

@@ -3,10 +3,10 @@ the tiny quickstart router chooses *which* reply to trust instead of spelling an
 
 from xgrammar.testing import _is_grammar_accept_string as accepts
 
-from jax_routeweaver.routing import grammar as g
-from jax_routeweaver.routing import turns as tr
-from jax_routeweaver.routing.calls import WorkerCall
-from jax_routeweaver.routing.routeweaver_env import action_grammar, answer_candidates
+from jax_routeweaver.routing.episodes.routeweaver_env import action_grammar, answer_candidates
+from jax_routeweaver.routing.protocol import grammar as g
+from jax_routeweaver.routing.protocol import turns as tr
+from jax_routeweaver.routing.protocol.calls import WorkerCall
 
 OFFERED = ["worker_1", "worker_2"]
 

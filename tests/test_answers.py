@@ -2,7 +2,7 @@
 
 import pytest
 
-from jax_routeweaver.routing.answers import extract_answer, last_boxed
+from jax_routeweaver.routing.protocol.answers import extract_answer, last_boxed
 
 
 @pytest.mark.parametrize(("reply", "expected"), [

@@ -33,11 +33,11 @@ from jax_routeweaver.eval.learned_routers import KNNRouter, MLPRouter
 from jax_routeweaver.eval.worker_outcomes import ROW_KEYS, collect_worker_outcomes, single_payload
 from jax_routeweaver.models.sentence_encoder import EMBEDDING_DIM, Embedder
 from jax_routeweaver.rewards.scorers.registry import score
-from jax_routeweaver.routing.answers import extract_answer
-from jax_routeweaver.routing.pricing import REFERENCE_PRICES, PricingError
-from jax_routeweaver.routing.prompts import single_multi_payload
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.pools.pricing import REFERENCE_PRICES, PricingError
+from jax_routeweaver.routing.protocol.answers import extract_answer
+from jax_routeweaver.routing.protocol.prompts import single_multi_payload
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 N_TASKS = 250
 TASK_SEED = 0

@@ -5,8 +5,8 @@ import pytest
 
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.rewards.reward import Rewards
-from jax_routeweaver.rl.batch import POLICY_WIDTH_MIN, length_bucket, pack_rollouts
-from jax_routeweaver.routing.episode import Trajectory
+from jax_routeweaver.rl.learner.batch import POLICY_WIDTH_MIN, length_bucket, pack_rollouts
+from jax_routeweaver.routing.episodes.episode import Trajectory
 
 
 @pytest.mark.parametrize(("n", "bucket"), [(1, 64), (64, 64), (65, 96), (96, 96), (97, 128),

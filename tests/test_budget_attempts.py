@@ -1,6 +1,6 @@
 """A request's budget against what the workers bill (serving/budget.py, per attempt).
 
-The simulated workers behind real HTTP (`routing.simulated_http`), scripted per attempt:
+The simulated workers behind real HTTP (`routing.simulated.http_endpoint`), scripted per attempt:
 successes, 429/500/503 with and without usage, replies after the client's timeout,
 over-reported and implausible usage. The endpoint logs what the provider would bill for
 every attempt it received; a request's budget must hold against that log, and its record
@@ -16,17 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jax_routeweaver.routing.channels import load_channels
-from jax_routeweaver.routing.pricing import tokens_cost
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.simulated_http import (
+from jax_routeweaver.routing.pools.channels import load_channels
+from jax_routeweaver.routing.pools.pricing import tokens_cost
+from jax_routeweaver.routing.pools.workers import Cooldowns, HttpWorkerPool
+from jax_routeweaver.routing.simulated.http_endpoint import (
     Fault,
     SimulatedHttpWorkers,
     model_name,
     simulated_channel_file,
 )
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
-from jax_routeweaver.routing.workers import Cooldowns, HttpWorkerPool
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 from jax_routeweaver.serving.budget import OVER_BUDGET, BudgetedPool, WorkerFailed
 
 TIMEOUT_S = 0.25  # the channels' request timeout

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jax_routeweaver.cli.app import main
-from jax_routeweaver.routing.pricing import PRICE_TABLE_VERSION, REFERENCE_PRICES
+from jax_routeweaver.routing.pools.pricing import PRICE_TABLE_VERSION, REFERENCE_PRICES
 
 KEPT = [0.004, 0.001, 0.010, 0.003, 0.002]  # sorted: .001 .002 .003 .004 .010
 ROWS = ([{"cost_usd": c, "infra_failed": 0, "cost_complete": 1, "failure_kind": "correct"}
@@ -91,9 +91,9 @@ def test_help_documents_the_schema(capsys):
 
 def test_the_train_config_takes_c_ref_as_a_number_or_a_cost_ref_file(tmp_path, capsys):
     from jax_routeweaver.config import load_config
-    from jax_routeweaver.rl.routeweaver_run import c_ref
-    from jax_routeweaver.rl.train_config import TrainConfig
-    from jax_routeweaver.routing.pricing import C_REF_USD
+    from jax_routeweaver.rl.run.routeweaver_run import c_ref
+    from jax_routeweaver.rl.run.train_config import TrainConfig
+    from jax_routeweaver.routing.pools.pricing import C_REF_USD
 
     dump = write_dump(tmp_path / "dump.jsonl", ROWS)
     out = tmp_path / "cost_ref.json"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, SingleDeviceSharding
+from model_helpers import shard_model
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import CheckpointError
@@ -22,9 +23,8 @@ from jax_routeweaver.models.sharding import (
     TRAIN_RULES,
     make_mesh,
     param_specs,
-    shard_model,
 )
-from jax_routeweaver.rl.checkpoint import (
+from jax_routeweaver.rl.run.checkpoint import (
     CONFIG_ITEM,
     PARAMS_ITEM,
     PolicyCheckpointer,
@@ -269,7 +269,7 @@ def test_train_state_round_trips_with_optimizer_and_shardings(tmp_path, devices)
     import optax
 
     from jax_routeweaver.models.sharding import create_sharded, make_mesh
-    from jax_routeweaver.rl.checkpoint import StateCheckpointer
+    from jax_routeweaver.rl.run.checkpoint import StateCheckpointer
 
     mesh = make_mesh((1, 8, 1))
     params = nnx.state(create_sharded(lambda: make_model(), mesh), nnx.Param)

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from jax_routeweaver.cli.app import main
 from jax_routeweaver.cli.common import parse_mesh, parse_size
-from jax_routeweaver.rl.checkpoint import list_steps
+from jax_routeweaver.rl.run.checkpoint import list_steps
 
 TOKENIZER_JSON = '{"version": "1.0", "model": {"type": "WordLevel"}}'
 

@@ -17,14 +17,14 @@ import pytest
 
 from jax_routeweaver import config
 from jax_routeweaver.config import ConfigError, from_dict, load_config
-from jax_routeweaver.rl.learner_config import OptimConfig
-from jax_routeweaver.rl.train_config import (
+from jax_routeweaver.rl.learner.learner_config import OptimConfig
+from jax_routeweaver.rl.run.train_config import (
     TrainConfig,
     TrainRewardConfig,
     check_train_config,
     load_train_config,
 )
-from jax_routeweaver.routing.grammar import ProtocolConfig
+from jax_routeweaver.routing.protocol.grammar import ProtocolConfig
 from jax_routeweaver.sampling.sidecar import VllmConfig
 from jax_routeweaver.sampling.vllm_server import ServerBaseConfig, ServerConfig
 
@@ -347,8 +347,8 @@ def test_a_yaml_error_is_one_line_naming_the_file_and_line(tmp_path, text, where
 
 
 def test_offered_workers_reach_the_episodes_and_must_be_distinct():
-    from jax_routeweaver.rl.routeweaver_run import env_config
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.routeweaver_run import env_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     cfg = load_train_config(QUICKSTART, ["workers.offered=[worker_1, worker_4]"])
     assert env_config(cfg, 0).offered == ("worker_1", "worker_4")

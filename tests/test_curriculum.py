@@ -1,13 +1,15 @@
-"""Tests for jax_routeweaver.rl.curriculum (docs/algorithm.md, "The forced-mode curriculum")."""
+"""Tests for jax_routeweaver.rl.learner.curriculum (docs/algorithm.md, "The forced-mode
+curriculum")."""
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
 
+import paper_schedule as P
 import pytest
 
-from jax_routeweaver.rl import curriculum as C
+from jax_routeweaver.rl.learner import curriculum as C
 
 
 @pytest.mark.parametrize(
@@ -30,34 +32,34 @@ def test_forced_ratio_paper_schedule(b, rho):
 
 
 def test_phase_schedules():
-    cold = C.COLD_PHASE.exploration
-    assert all(C.forced_ratio(C.batch_index_for_step(s), cold) == 1.0 for s in range(1, 26))
-    assert C.phase_for_step(1).name == "cold"
-    assert C.phase_for_step(25).name == "cold"
-    main = C.phase_for_step(26)
+    cold = P.COLD_PHASE.exploration
+    assert all(C.forced_ratio(P.batch_index_for_step(s), cold) == 1.0 for s in range(1, 26))
+    assert P.phase_for_step(1).name == "cold"
+    assert P.phase_for_step(25).name == "cold"
+    main = P.phase_for_step(26)
     assert (main.name, main.reduction, main.estimator, main.support) == (
         "main",
         "segment",
         "comet_grpo",
         True,
     )
-    assert C.forced_ratio(C.batch_index_for_step(26), main.exploration) == 1.0  # b = 25
-    assert C.forced_ratio(C.batch_index_for_step(75), main.exploration) == pytest.approx(0.02)
-    assert C.forced_ratio(C.batch_index_for_step(76), main.exploration) == 0.0
+    assert C.forced_ratio(P.batch_index_for_step(26), main.exploration) == 1.0  # b = 25
+    assert C.forced_ratio(P.batch_index_for_step(75), main.exploration) == pytest.approx(0.02)
+    assert C.forced_ratio(P.batch_index_for_step(76), main.exploration) == 0.0
     with pytest.raises(ValueError):
-        C.phase_for_step(91)
+        P.phase_for_step(91)
     with pytest.raises(ValueError):
-        C.batch_index_for_step(0)
-    assert C.forced_ratio(0, C.WO_PROGRESSIVE) == 0.0
-    assert C.support_lambda(0, C.WO_PROGRESSIVE) == 0.0
+        P.batch_index_for_step(0)
+    assert C.forced_ratio(0, P.WO_PROGRESSIVE) == 0.0
+    assert P.support_lambda(0, P.WO_PROGRESSIVE) == 0.0
     with pytest.raises(ValueError):
         C.ExplorationConfig(forced_anneal_steps=0)
 
 
 def test_support_lambda():
-    assert C.support_lambda(10) == pytest.approx(0.002)
-    assert C.support_lambda(50) == pytest.approx(0.001)
-    assert C.support_lambda(75) == 0.0
+    assert P.support_lambda(10) == pytest.approx(0.002)
+    assert P.support_lambda(50) == pytest.approx(0.001)
+    assert P.support_lambda(75) == 0.0
 
 
 def test_query_draw_matches_spec_formula_and_is_deterministic():
@@ -88,15 +90,15 @@ def test_balanced_modes():
     ids = [f"row-{i}" for i in range(32)]
     modes = C.balanced_forced_modes(ids)
     assert sorted(Counter(modes).values()) == [10, 11, 11]
-    C.check_balanced(modes)
+    P.check_balanced(modes)
     # deterministic and independent of row order
     rev = C.balanced_forced_modes(ids[::-1])[::-1]
     assert rev == modes
     assert C.balanced_forced_modes(ids) == modes
     with pytest.raises(ValueError):
-        C.check_balanced(["single"] * 12 + ["multi"] * 10 + ["agentic"] * 10)
+        P.check_balanced(["single"] * 12 + ["multi"] * 10 + ["agentic"] * 10)
     with pytest.raises(ValueError):
-        C.check_balanced(["single", "multi", "bogus"])
+        P.check_balanced(["single", "multi", "bogus"])
     with pytest.raises(ValueError):
         C.balanced_forced_modes(["a", "a"])
 
@@ -148,7 +150,7 @@ def test_bad_question_floor_settings_name_the_field(override, key):
     from pathlib import Path
 
     from jax_routeweaver.config import ConfigError
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -163,9 +165,9 @@ def test_declaration_rows_are_scored_when_either_term_has_weight():
 
     from rich.console import Console
 
-    from jax_routeweaver.rl import builders
-    from jax_routeweaver.rl.routeweaver_run import declaration_rows
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run import builders
+    from jax_routeweaver.rl.run.routeweaver_run import declaration_rows
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     base = ["model.init=random", "data.synthetic_queries=20"]
@@ -188,8 +190,8 @@ def test_the_learner_takes_its_declaration_terms_from_exploration():
 
     from jax_routeweaver.models.sharding import make_mesh
     from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-    from jax_routeweaver.rl import builders
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run import builders
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     cfg = load_train_config(quickstart, [

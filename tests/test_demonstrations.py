@@ -1,4 +1,4 @@
-"""Demonstrated episodes (rl/demonstrations.py) and their cloning rows (rl/cloning.py): the
+"""Demonstrated episodes (rl/run/demonstrations.py) and their cloning rows (rl/run/cloning.py): the
 designed strategies through the real environment and the simulated pool."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from rich.console import Console
 
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rewards.reward import score_batch
-from jax_routeweaver.rl import builders, cloning
-from jax_routeweaver.rl.demonstrations import (
+from jax_routeweaver.rl.run import builders, cloning
+from jax_routeweaver.rl.run.demonstrations import (
     AGENTIC_LAYERS,
     MULTI_CALLS,
     Pick,
@@ -24,11 +24,11 @@ from jax_routeweaver.rl.demonstrations import (
     ScriptedSampler,
     demonstrations,
 )
-from jax_routeweaver.rl.routeweaver_run import env_config, reward_config
-from jax_routeweaver.rl.train_config import load_train_config
-from jax_routeweaver.routing.answers import extract_answer
-from jax_routeweaver.routing.episode import SOURCE_ENV, SOURCE_FORCED, SOURCE_POLICY
-from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
+from jax_routeweaver.rl.run.routeweaver_run import env_config, reward_config
+from jax_routeweaver.rl.run.train_config import load_train_config
+from jax_routeweaver.routing.episodes.episode import SOURCE_ENV, SOURCE_FORCED, SOURCE_POLICY
+from jax_routeweaver.routing.episodes.routeweaver_env import routeweaver_envs
+from jax_routeweaver.routing.protocol.answers import extract_answer
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar
 
@@ -145,7 +145,7 @@ def test_scripted_sampler_writes_the_pick_with_the_grammar_counts(run):
 
 
 def demos_traj(run):
-    from jax_routeweaver.routing.episode import Trajectory
+    from jax_routeweaver.routing.episodes.episode import Trajectory
     return Trajectory(record=run[1][0], repeat=0, prompt_ids=[])
 
 

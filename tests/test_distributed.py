@@ -13,9 +13,9 @@ import pytest
 from flax import nnx
 
 from jax_routeweaver.models.sharding import to_host
-from jax_routeweaver.rl import distributed
-from jax_routeweaver.rl.checkpoint import StateCheckpointer, restore_policy
-from jax_routeweaver.rl.run_log import read_metrics
+from jax_routeweaver.rl.reports.run_log import read_metrics
+from jax_routeweaver.rl.run import distributed
+from jax_routeweaver.rl.run.checkpoint import StateCheckpointer, restore_policy
 
 HERE = Path(__file__).parent
 
@@ -119,7 +119,7 @@ def test_allgather_and_to_host_single_process():
 
 
 def test_host_shares_cover_the_batch_and_merge_back_in_order():
-    from jax_routeweaver.rl.distributed import host_share, merge_host_shares
+    from jax_routeweaver.rl.run.distributed import host_share, merge_host_shares
 
     queries, k = list("abcdefg"), 3
     for hosts in (1, 2, 3, 4):
@@ -169,7 +169,7 @@ def test_a_hosts_sampler_copy_is_resharded_on_its_own_devices(devices, tensor, s
 
     from jax_routeweaver.models.qwen3 import Qwen3
     from jax_routeweaver.models.sharding import create_sharded, make_mesh
-    from jax_routeweaver.rl.replica import HostReplicas, replica_model
+    from jax_routeweaver.rl.run.replica import HostReplicas, replica_model
 
     model = create_sharded(lambda: Qwen3(CFG, rngs=nnx.Rngs(0)), make_mesh((2, 4, 1)))
     replicas = HostReplicas(model, tensor)
@@ -188,7 +188,7 @@ def test_a_hosts_sampler_copy_is_resharded_on_its_own_devices(devices, tensor, s
 
 
 def test_refresh_bytes_before_and_after():
-    from jax_routeweaver.rl.replica import refresh_bytes
+    from jax_routeweaver.rl.run.replica import refresh_bytes
 
     gib = 2**30  # a 4B model in fp32 is ~16 GB; a host of 4 devices, sampler tensor 4
     before = refresh_bytes(16 * gib, devices_per_host=4, tensor=4, gather_to_host=True)

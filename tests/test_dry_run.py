@@ -14,7 +14,7 @@ from rich.console import Console
 
 from jax_routeweaver.cli.app import main
 from jax_routeweaver.planning.dry_run import dry_run, endpoint_checks
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run.train_config import load_train_config
 
 # 5 queries x 8 rollouts = 40 rows: micro-batches of 8 split over the 8 test devices.
 EIGHT_DEVICES = ["data.group_size=8", "algo.loss.micro_batch_size=8"]

@@ -5,12 +5,12 @@ from scripted import ScriptedSampler
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.rewards.router_r1_reward import CostWindow, trajectory_reward, worker_prices
-from jax_routeweaver.rl.router_r1_run import as_rewards
-from jax_routeweaver.routing import router_r1 as r1
-from jax_routeweaver.routing.episode import EpisodeStats, run_episodes
-from jax_routeweaver.routing.router_r1_env import router_r1_envs
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.rl.run.router_r1_run import as_rewards
+from jax_routeweaver.routing.episodes.episode import EpisodeStats, run_episodes
+from jax_routeweaver.routing.episodes.router_r1_env import router_r1_envs
+from jax_routeweaver.routing.protocol import router_r1 as r1
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 MODEL_WORKERS = {m.name: f"worker_{i}" for i, m in enumerate(r1.PROMPT_MODELS, 1)}
 

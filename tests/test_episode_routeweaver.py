@@ -9,11 +9,11 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
 from jax_routeweaver.rewards.feedback import execution_feedback
-from jax_routeweaver.routing import grammar as g
-from jax_routeweaver.routing.episode import run_episodes
-from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.episodes.episode import run_episodes
+from jax_routeweaver.routing.episodes.routeweaver_env import EnvConfig, routeweaver_envs
+from jax_routeweaver.routing.protocol import grammar as g
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
@@ -197,7 +197,7 @@ def test_random_router_acts_validly_under_grammar(tok, tasks):
         closing = 5 if t.mode == "agentic" else 4  # ag + entic: entic is forced too
         assert t.policy_mask[4:closing + 3] == [0] * (closing - 1)
         assert t.token_source[:4] == [2, 2, 2, 1]  # forced, forced, forced, a choice
-    from jax_routeweaver.rl.episode_metrics import mask_metrics
+    from jax_routeweaver.rl.reports.episode_metrics import mask_metrics
 
     assert mask_metrics(trajs) == {"mask/violations": 0.0, "mask/policy_span_min": 1.0,
                                    "mask/env_span_max": 0.0, "mask/mode_span_min": 1.0}
@@ -225,7 +225,7 @@ class CountingPool:
 
 
 def test_calls_run_concurrently_across_layers_and_trajectories_and_are_costed(tok, tasks):
-    from jax_routeweaver.routing.pricing import REFERENCE_PRICES, trajectory_cost
+    from jax_routeweaver.routing.pools.pricing import REFERENCE_PRICES, trajectory_cost
 
     pool = CountingPool(SimulatedWorkerPool(tasks, seed=3, latency_s=0.05))
     layer = ('<route model="worker_3" role="executor" refs="">Solve it.</route>\n'
@@ -364,8 +364,8 @@ def test_an_env_that_raises_ends_its_episode_only_as_an_infra_row(tok, tasks):
     import numpy as np
 
     from jax_routeweaver.rewards.reward import score_batch
-    from jax_routeweaver.rl.advantages import grpo_gated
-    from jax_routeweaver.rl.metrics import rollout_metrics
+    from jax_routeweaver.rl.core.advantages import grpo_gated
+    from jax_routeweaver.rl.reports.metrics import rollout_metrics
 
     two = [tasks[0], tasks[2]]  # MATH, KNOWLEDGE (the CODE task has no gold answer)
     pool = SimulatedWorkerPool(tasks, seed=3)
@@ -428,7 +428,7 @@ def test_payload_hygiene_failure_is_a_wrapper_error(tok, tasks, monkeypatch):
     goes on. The shipped wrappers are clean, so the executor's role brief is patched to provoke
     it."""
     from jax_routeweaver.rewards.reward import score_batch
-    from jax_routeweaver.routing import prompts
+    from jax_routeweaver.routing.protocol import prompts
 
     brief = dict(prompts.ROLE_BRIEF)
     brief[g.Role.EXECUTOR] += " Be brief."

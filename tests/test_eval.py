@@ -34,12 +34,12 @@ from jax_routeweaver.eval.evaluate import (
     load_sets,
 )
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
-from jax_routeweaver.rl.checkpoint import save_policy
-from jax_routeweaver.rl.router_checkpoint import resolve_checkpoint
-from jax_routeweaver.rl.train_config import load_train_config
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.workers import HttpWorkerPool, MissingApiKeyError
+from jax_routeweaver.rl.run.builders import build_policy, build_pool, build_records, build_tokenizer
+from jax_routeweaver.rl.run.checkpoint import save_policy
+from jax_routeweaver.rl.run.router_checkpoint import resolve_checkpoint
+from jax_routeweaver.rl.run.train_config import load_train_config
+from jax_routeweaver.routing.pools.workers import HttpWorkerPool, MissingApiKeyError
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

@@ -23,9 +23,9 @@ from jax_routeweaver.cli.app import main
 from jax_routeweaver.config import dump_config
 from jax_routeweaver.eval import favourites as fav
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl.builders import build_policy, build_pool, build_records, build_tokenizer
-from jax_routeweaver.rl.checkpoint import save_policy
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run.builders import build_policy, build_pool, build_records, build_tokenizer
+from jax_routeweaver.rl.run.checkpoint import save_policy
+from jax_routeweaver.rl.run.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

@@ -18,7 +18,7 @@ from jax_routeweaver.rewards.feedback import (
 )
 from jax_routeweaver.rewards.sandbox import RunResult
 from jax_routeweaver.rewards.scorers.code import CodeReport, TestOutcome
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 
 def run_result(status="ok", stdout="", stderr="", returncode=0):

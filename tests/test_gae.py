@@ -1,5 +1,6 @@
-"""GAE, reward-KL and whitening (rl/gae.py) against hand-computed cases, and the critic's clipped
-value loss (rl/critic.py)."""
+"""GAE, reward-KL and whitening (rl/core/gae.py) against hand-computed cases, and the critic's
+clipped
+value loss (rl/learner/critic.py)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -8,10 +9,10 @@ from flax import nnx
 
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
-from jax_routeweaver.rl import gae
-from jax_routeweaver.rl.critic import Critic, CriticConfig
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.trainer import Trainer
+from jax_routeweaver.rl.core import gae
+from jax_routeweaver.rl.learner.critic import Critic, CriticConfig
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=2, num_kv_heads=1, head_dim=16, param_dtype="float32",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from grammar_helpers import parse_layer
 
-from jax_routeweaver.routing.grammar import (
+from jax_routeweaver.routing.protocol.grammar import (
     AGENTIC_STOPS,
     SELECTOR_STOPS,
     SINGLE_MULTI_STOPS,
@@ -18,13 +19,12 @@ from jax_routeweaver.routing.grammar import (
     Role,
     RouteAction,
     parse_answer,
-    parse_layer,
     parse_mode_declaration,
     parse_route,
     split_refs,
     stop_strings,
 )
-from jax_routeweaver.routing.turns import (
+from jax_routeweaver.routing.protocol.turns import (
     AnswerAccepted,
     Dispatch,
     Node,
@@ -41,7 +41,7 @@ from jax_routeweaver.routing.turns import (
     record_selector_turn,
     resolve_refs,
 )
-from jax_routeweaver.routing.violations import (
+from jax_routeweaver.routing.protocol.violations import (
     AGENTIC_VIOLATIONS,
     SELECTOR_VIOLATIONS,
     SINGLE_MULTI_VIOLATIONS,

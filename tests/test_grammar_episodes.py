@@ -6,25 +6,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jax_routeweaver.routing.grammar import (
+from jax_routeweaver.routing.protocol.grammar import (
     Mode,
     ProtocolConfig,
     chat_delta,
     forced_declaration_text,
 )
-from jax_routeweaver.routing.observations import (
+from jax_routeweaver.routing.protocol.observations import (
     frame_observation,
     observation_ids,
     observation_share,
     turn_observation_budget,
 )
-from jax_routeweaver.routing.prompts import (
+from jax_routeweaver.routing.protocol.prompts import (
     REFERENCE_WORKER_DESCRIPTIONS,
     mode_rulebook,
     routing_state_header,
     worker_payload,
 )
-from jax_routeweaver.routing.turns import (
+from jax_routeweaver.routing.protocol.turns import (
     Dispatch,
     Node,
     PlannedCall,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-from jax_routeweaver.routing.grammar import (
+from jax_routeweaver.routing.protocol.grammar import (
     OBS_TRUNCATION_MARKER,
     PAPER_OBSERVATION_CAP,
     Mode,
@@ -15,7 +15,7 @@ from jax_routeweaver.routing.grammar import (
     forced_declaration_text,
     inline_env_text,
 )
-from jax_routeweaver.routing.observations import (
+from jax_routeweaver.routing.protocol.observations import (
     ObservationBlock,
     agentic_observation,
     frame_observation,
@@ -25,7 +25,7 @@ from jax_routeweaver.routing.observations import (
     truncate_block_ids,
     turn_observation_budget,
 )
-from jax_routeweaver.routing.turns import Node
+from jax_routeweaver.routing.protocol.turns import Node
 
 CFG = ProtocolConfig()
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 
+from grammar_helpers import parse_layer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_routeweaver.routing.grammar import (
+from jax_routeweaver.routing.protocol.grammar import (
     MODES,
     OBS_TRUNCATION_MARKER,
     ROLES,
@@ -19,12 +20,11 @@ from jax_routeweaver.routing.grammar import (
     Rejected,
     Role,
     RouteAction,
-    parse_layer,
     parse_mode_declaration,
     parse_route,
 )
-from jax_routeweaver.routing.observations import ObservationBlock, truncate_block_ids
-from jax_routeweaver.routing.turns import (
+from jax_routeweaver.routing.protocol.observations import ObservationBlock, truncate_block_ids
+from jax_routeweaver.routing.protocol.turns import (
     AnswerAccepted,
     Dispatch,
     Node,
@@ -35,7 +35,7 @@ from jax_routeweaver.routing.turns import (
     record_action_turn,
     record_calls,
 )
-from jax_routeweaver.routing.violations import (
+from jax_routeweaver.routing.protocol.violations import (
     AGENTIC_VIOLATIONS,
     SELECTOR_VIOLATIONS,
     SINGLE_MULTI_VIOLATIONS,

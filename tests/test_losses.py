@@ -1,4 +1,4 @@
-"""Tests for jax_routeweaver.rl.losses (hand-computed values and exactness identities)."""
+"""Tests for jax_routeweaver.rl.core.losses (hand-computed values and exactness identities)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_routeweaver.rl import losses as L
+from jax_routeweaver.rl.core import losses as L
 
 # Six tokens, one row: (A, ratio) -> per-token loss, by hand from
 # ℓ = max(−Aρ, −A·clip(ρ, 0.8, 1.2)), and min(ℓ, −3A) when A < 0.

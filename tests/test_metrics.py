@@ -1,4 +1,4 @@
-"""Per-step metrics (rl/metrics.py, docs/metrics.md): exact values on a hand-built
+"""Per-step metrics (rl/reports/metrics.py, docs/metrics.md): exact values on a hand-built
 batch (forced and free groups, an invalid mode, a violation, dirty rows, two domains), the
 advantage metrics on hand-made advantages and on a real COMET-GRPO output, window means, and
 one batch of real episodes (scripted router, simulated workers, real scorers)."""
@@ -11,15 +11,15 @@ from scripted import ScriptedSampler
 
 from jax_routeweaver.data.records import Record
 from jax_routeweaver.rewards.reward import FAILURE_KINDS, Rewards, score_batch
-from jax_routeweaver.rl import advantages as A
-from jax_routeweaver.rl.metrics import (
+from jax_routeweaver.rl.core import advantages as A
+from jax_routeweaver.rl.reports.metrics import (
     advantage_metrics,
     rollout_metrics,
     summarize_steps,
     window_mean,
 )
-from jax_routeweaver.routing.calls import WorkerCall
-from jax_routeweaver.routing.episode import Trajectory
+from jax_routeweaver.routing.episodes.episode import Trajectory
+from jax_routeweaver.routing.protocol.calls import WorkerCall
 
 M1 = Record("m1", "MATH", "gsm8k", "math", "1+1?", ("2",))
 M2 = Record("m2", "MATH", "gsm8k", "math", "2+2?", ("4",))
@@ -297,10 +297,10 @@ def tok(tmp_path_factory):
 def test_real_episodes(tok):
     """Scripted router on simulated workers: one question answered in single mode, one whose
     selector turn is invalid; scored by the real scorers."""
-    from jax_routeweaver.routing.episode import run_episodes
-    from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
-    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+    from jax_routeweaver.routing.episodes.episode import run_episodes
+    from jax_routeweaver.routing.episodes.routeweaver_env import routeweaver_envs
+    from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+    from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
     tasks = synthetic_tasks(2, seed=0, domains=("RECALL", "KNOWLEDGE"))
     bad = tasks[1].question  # this one gets an invalid selector turn
@@ -359,7 +359,7 @@ def wcall(worker):
 
 
 def summary(usd, *reasons):
-    from jax_routeweaver.routing.pricing import CostSummary
+    from jax_routeweaver.routing.pools.pricing import CostSummary
 
     return CostSummary(usd, not reasons, tuple(reasons))
 
@@ -485,7 +485,7 @@ def test_diagnostics_without_modes_provenance_or_cost(batch_metrics):
                                               "cost/calls", "cost/complete", "mode/pi",
                                               "stage2/free/"))]
     assert m["stage2/forced_ratio"] == 1.0 and "routing/unanimous_group_ratio" not in m
-    from jax_routeweaver.rl.episode_metrics import episode_diagnostics
+    from jax_routeweaver.rl.reports.episode_metrics import episode_diagnostics
 
     r1 = episode_diagnostics(list(trajs), list(rewards), group_size=2, with_modes=False)
     assert not [k for k in r1 if k.startswith(("m1/", "stage2/", "routing/", "mode/",

@@ -23,7 +23,7 @@ from jax_routeweaver.models.paged_attention import (
 )
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.planning import rollout as ro
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run.train_config import load_train_config
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
 from jax_routeweaver.sampling.paged_options import PagedConfig

@@ -365,7 +365,7 @@ def test_a_budget_too_small_for_one_row_names_the_setting(model):
 
 
 def test_options_from_the_train_config_section():
-    from jax_routeweaver.rl.train_config import PagedCacheConfig
+    from jax_routeweaver.rl.run.train_config import PagedCacheConfig
 
     section = PagedCacheConfig(page_size=32, budget_tokens=4096, memory_fraction=0.25, max_rows=8)
     options = PagedConfig.of(section)

@@ -7,12 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
+from paper_schedule import support_lambda
 
 from jax_routeweaver.models.config import ModelConfig
-from jax_routeweaver.rl.curriculum import ExplorationConfig, forced_ratio, support_lambda
-from jax_routeweaver.rl.train_config import TrainConfig, load_train_config
-from jax_routeweaver.routing.channels import load_channels
-from jax_routeweaver.routing.pricing import C_REF_USD, REFERENCE_PRICES, load_cost_ref, verify_pool
+from jax_routeweaver.rl.learner.curriculum import ExplorationConfig, forced_ratio
+from jax_routeweaver.rl.run.train_config import TrainConfig, load_train_config
+from jax_routeweaver.routing.pools.channels import load_channels
+from jax_routeweaver.routing.pools.pricing import (
+    C_REF_USD,
+    REFERENCE_PRICES,
+    load_cost_ref,
+    verify_pool,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "paper"

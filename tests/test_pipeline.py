@@ -24,7 +24,7 @@ from jax_routeweaver.data.pipeline import (
     plan_batches,
 )
 from jax_routeweaver.data.records import Domain, Record
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 DOMAINS = list(Domain)
 
@@ -138,7 +138,7 @@ def test_without_shuffle_rows_are_drawn_in_file_order():
 
 
 def test_plan_does_not_depend_on_python_hash_seed():
-    script = ("import json; from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks; "
+    script = ("import json; from jax_routeweaver.routing.simulated.tasks import synthetic_tasks; "
               "from jax_routeweaver.data.pipeline import PipelineConfig, plan_batches; "
               "print(json.dumps(plan_batches(synthetic_tasks(100, seed=2), "
               "PipelineConfig(seed=5), epoch=1)))")

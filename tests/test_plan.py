@@ -15,8 +15,8 @@ from jax_routeweaver.cli.app import main
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.planning.memory import GIB, StepShape, memory_plan
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch
 
 PLAN_CFG = CFG.replace(vocab_size=512, num_layers=3)
 

@@ -23,7 +23,7 @@ from jax_routeweaver.planning.memory import (
     bytes_per_device,
     memory_plan,
 )
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = CFG.replace(vocab_size=512, num_layers=2, dtype="bfloat16")
@@ -187,7 +187,7 @@ def test_search_keeps_the_first_trainer_that_fits_with_the_most_rows():
 def test_targets_and_their_checks():
     assert {"v5e-16", "v5p-8", "a100-80gb-x8", "h200", "h200-x2"} <= set(TARGETS)
     assert TARGETS["v5e-16"].hosts == 4 and TARGETS["v5e-16"].local_devices == 4
-    # On several hosts the sampler runs on each host's devices (rl.loop.local_mesh).
+    # On several hosts the sampler runs on each host's devices (rl.run.loop.local_mesh).
     assert ro.SamplerMesh.of(TARGETS["v5e-16"], (1, 4, 4)) == ro.SamplerMesh(1, 4)
     assert ro.SamplerMesh.of(TARGETS["v5e-16"], (1, 2, 8)) == ro.SamplerMesh(4, 1)
     assert ro.SamplerMesh.of(TARGETS["v5p-8"], (1, 4, 1)) == ro.SamplerMesh(4, 1)
@@ -209,7 +209,7 @@ def test_readme_table_is_computed_from_the_current_code():
     train state: without --from-json) regenerates both."""
     from jax_routeweaver.models.config import ModelConfig
     from jax_routeweaver.models.sharding import TRAIN_RULES
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     cfg = load_train_config(ROOT / "configs" / "paper" / "main_alpha0.yaml")
     arch = ModelConfig.from_hf(ROOT / "configs" / "paper" / "qwen3-4b-instruct-2507.json")
@@ -241,7 +241,7 @@ def test_the_tpu_arm_fits_by_the_recorded_plan():
     """configs/tpu/main_alpha0.yaml: its mesh, layer groups and paged pool fit a v5p-8 by the
     recorded compiled figures, and it is the paper arm otherwise."""
     from jax_routeweaver.models.config import ModelConfig
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     cfg = load_train_config(ROOT / "configs" / "tpu" / "main_alpha0.yaml")
     paper = load_train_config(ROOT / "configs" / "paper" / "main_alpha0.yaml")

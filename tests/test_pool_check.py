@@ -1,4 +1,4 @@
-"""The run's price table and the worker-pool check before step 1 (`rl.pool_check`), over real
+"""The run's price table and the worker-pool check before step 1 (`rl.run.pool_check`), over real
 HTTP (`openai_stub.SimServer`): a channel file's prices are billed; an unpriced offered worker,
 an unreachable endpoint or a model name the endpoint does not serve stops `train` and `eval`
 with one line naming the worker, before anything is written; a key never shows."""
@@ -13,24 +13,24 @@ import yaml
 from openai_stub import KEY_ENV, PROXY_VARS, SECRET, SimServer, channel_file
 
 from jax_routeweaver.cli.app import main
-from jax_routeweaver.rl.builders import build_pool
-from jax_routeweaver.rl.pool_check import (
+from jax_routeweaver.rl.run.builders import build_pool
+from jax_routeweaver.rl.run.pool_check import (
     PoolCheckError,
     check_run_pool,
     run_price_table_version,
     run_prices,
 )
-from jax_routeweaver.rl.train_config import load_train_config
-from jax_routeweaver.routing.pricing import (
+from jax_routeweaver.rl.run.train_config import load_train_config
+from jax_routeweaver.routing.pools.pricing import (
     PRICE_TABLE_VERSION,
     REFERENCE_PRICES,
     WorkerPrice,
     pool_prices,
 )
-from jax_routeweaver.routing.replay import ReplayPool
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
-from jax_routeweaver.routing.workers import HttpWorkerPool
+from jax_routeweaver.routing.pools.replay import ReplayPool
+from jax_routeweaver.routing.pools.workers import HttpWorkerPool
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

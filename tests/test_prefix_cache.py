@@ -8,7 +8,7 @@ import pytest
 
 from jax_routeweaver.models.hf import load_hf
 from jax_routeweaver.models.sharding import SAMPLE_RULES, make_mesh
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run.train_config import load_train_config
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
 from jax_routeweaver.sampling.prefix_cache import BLOCK, PrefixStore, block_hashes

@@ -1,4 +1,4 @@
-"""A run's first seconds (`rl.preflight`): every problem that can stop it found before anything
+"""A run's first seconds (`rl.run.preflight`): every problem that can stop it found before anything
 is built or written, all named on one line; the sandbox level a run asks for, and "strongest"
 falling back to what the host gives, said in one line."""
 
@@ -17,14 +17,14 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.rewards.sandbox import Sandbox, jail, runner
 from jax_routeweaver.rewards.sandbox import cgroup as cg
-from jax_routeweaver.rl.preflight import (
+from jax_routeweaver.rl.run.preflight import (
     PreflightError,
     checkpoint_bytes,
     preflight,
     run_isolation,
 )
-from jax_routeweaver.rl.train_config import load_train_config
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.rl.run.train_config import load_train_config
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 

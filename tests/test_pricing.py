@@ -4,8 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jax_routeweaver.routing.calls import Usage, WorkerCall
-from jax_routeweaver.routing.pricing import (
+from jax_routeweaver.routing.pools.pricing import (
     C_REF_USD,
     PRICE_TABLE_VERSION,
     REFERENCE_PRICES,
@@ -22,6 +21,7 @@ from jax_routeweaver.routing.pricing import (
     usage_unknown,
     verify_pool,
 )
+from jax_routeweaver.routing.protocol.calls import Usage, WorkerCall
 
 
 def ok(worker, prompt_tokens, completion_tokens, cached=0, failed=None):
@@ -202,7 +202,7 @@ def test_c_ref_errors():
 def test_shipped_cost_ref_is_the_paper_value():
     from pathlib import Path
 
-    from jax_routeweaver.routing.pricing import C_REF_USD, load_cost_ref
+    from jax_routeweaver.routing.pools.pricing import C_REF_USD, load_cost_ref
 
     shipped = Path(__file__).resolve().parents[1] / "configs" / "cost_ref.json"
     assert load_cost_ref(shipped) == C_REF_USD == 0.007071665299999997
@@ -211,7 +211,7 @@ def test_shipped_cost_ref_is_the_paper_value():
 def test_load_cost_ref_errors(tmp_path):
     import json
 
-    from jax_routeweaver.routing.pricing import load_cost_ref
+    from jax_routeweaver.routing.pools.pricing import load_cost_ref
 
     with pytest.raises(FileNotFoundError, match="no cost-reference file"):
         load_cost_ref(tmp_path / "missing.json")

@@ -8,9 +8,9 @@ import re
 import pytest
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-from jax_routeweaver.routing.calls import WorkerCall
-from jax_routeweaver.routing.grammar import MODES, Mode, ProtocolConfig, Role, chat_delta
-from jax_routeweaver.routing.prompts import (
+from jax_routeweaver.routing.protocol.calls import WorkerCall
+from jax_routeweaver.routing.protocol.grammar import MODES, Mode, ProtocolConfig, Role, chat_delta
+from jax_routeweaver.routing.protocol.prompts import (
     OUTPUT_CONSTRAINT,
     REFERENCE_WORKER_DESCRIPTIONS,
     ROLE_BRIEF,
@@ -35,8 +35,8 @@ from jax_routeweaver.routing.prompts import (
     violation_cue,
     worker_payload,
 )
-from jax_routeweaver.routing.turns import Node, PlannedCall, RoutingState
-from jax_routeweaver.routing.violations import Violation
+from jax_routeweaver.routing.protocol.turns import Node, PlannedCall, RoutingState
+from jax_routeweaver.routing.protocol.violations import Violation
 
 WORKERS = list(REFERENCE_WORKER_DESCRIPTIONS.items())
 # Backend names, providers, prices and tier words the router must never see.

@@ -1,4 +1,4 @@
-"""`rl.provenance`: what run.json records so a run can be traced (code, config, input files)."""
+"""`rl.run.provenance`: what run.json records so a run can be traced (code, config, input files)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from jax_routeweaver.rl import provenance as prov
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run import provenance as prov
+from jax_routeweaver.rl.run.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from jax_routeweaver.cli.app import build_parser
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

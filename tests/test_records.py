@@ -21,7 +21,7 @@ from jax_routeweaver.data.record_files import (
     write_parquet,
 )
 from jax_routeweaver.data.records import Domain, Record, RecordError
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 
 def make(**changes) -> Record:
@@ -593,9 +593,9 @@ def test_the_training_loader_counts_the_question_with_the_routers_tokenizer(tmp_
     from rich.console import Console
 
     from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-    from jax_routeweaver.rl import builders
-    from jax_routeweaver.rl.train_config import load_train_config
-    from jax_routeweaver.routing.prompts import selector_prompt_ids
+    from jax_routeweaver.rl.run import builders
+    from jax_routeweaver.rl.run.train_config import load_train_config
+    from jax_routeweaver.routing.protocol.prompts import selector_prompt_ids
 
     path = tmp_path / "train.jsonl"
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"

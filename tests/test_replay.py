@@ -1,4 +1,4 @@
-"""`routing.replay`: the record/replay worker cache (keys, modes, coalescing, crash safety,
+"""`routing.pools.replay`: the record/replay worker cache (keys, modes, coalescing, crash safety,
 secrets)."""
 
 import asyncio
@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from jax_routeweaver.routing.calls import Usage, WorkerCall
-from jax_routeweaver.routing.channels import parse_channels
-from jax_routeweaver.routing.pricing import REFERENCE_PRICES, trajectory_cost
-from jax_routeweaver.routing.replay import (
+from jax_routeweaver.routing.pools.channels import parse_channels
+from jax_routeweaver.routing.pools.pricing import REFERENCE_PRICES, trajectory_cost
+from jax_routeweaver.routing.pools.replay import (
     CacheFileError,
     CallIdentity,
     ReplayMissError,
@@ -18,8 +17,9 @@ from jax_routeweaver.routing.replay import (
     http_identity,
     pool_identity,
 )
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.protocol.calls import Usage, WorkerCall
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 SECRET = "sk-test-0123456789abcdef"
 
@@ -252,7 +252,7 @@ def test_secrets_are_never_written(tmp_path, monkeypatch):
                                    {"prompt_tokens": "10", "completion_tokens": 5},
                                    {"prompt_tokens": 10}, "garbage"])
 def test_a_tampered_cached_usage_is_unknown_cost_not_a_crash(usage):
-    from jax_routeweaver.routing.replay import call_from_reply
+    from jax_routeweaver.routing.pools.replay import call_from_reply
 
     reply = {"text": "ok", "success": True, "error": None, "usage": usage,
              "failed_usage": usage, "latency_s": 0.1, "attempts": 1, "reasoning_chars": 0}

@@ -17,9 +17,9 @@ from jax_routeweaver.rewards.reward import (
     reward,
     score_batch,
 )
-from jax_routeweaver.routing.calls import WorkerCall
-from jax_routeweaver.routing.episode import Trajectory
-from jax_routeweaver.routing.pricing import C_REF_USD, CostSummary
+from jax_routeweaver.routing.episodes.episode import Trajectory
+from jax_routeweaver.routing.pools.pricing import C_REF_USD, CostSummary
+from jax_routeweaver.routing.protocol.calls import WorkerCall
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,12 +227,13 @@ def test_recovery_branch(t, r_task):
 @pytest.mark.parametrize("recovery", [False, True])
 def test_the_run_rewards_with_its_protocols_recovery_branch(recovery):
     """Training, `eval run` and `eval favourites` take their RewardConfig from
-    `rl.routeweaver_run.reward_config`: a recovery-mode run scores a violation that recovered and
+    `rl.run.routeweaver_run.reward_config`: a recovery-mode run scores a violation that
+    recovered and
     answered wrongly 0, not the no-recovery -1."""
     from pathlib import Path
 
-    from jax_routeweaver.rl.routeweaver_run import reward_config
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.routeweaver_run import reward_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     cfg = load_train_config(quickstart, [f"rollout.protocol.recovery={str(recovery).lower()}",
@@ -370,7 +371,7 @@ def _code_traj_for_final_turn():
     import dataclasses
 
     from jax_routeweaver.data.records import Record
-    from jax_routeweaver.routing.episode import Trajectory
+    from jax_routeweaver.routing.episodes.episode import Trajectory
 
     record = Record(sample_id="c1", domain="CODE", dataset="apps", scorer_dataset="apps_functional",
                     question="Write f.", gold=(), meta={"func_name": "f", "tests": [

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-from jax_routeweaver.routing import router_r1 as r1
-from jax_routeweaver.routing.calls import Usage, WorkerCall
-from jax_routeweaver.routing.router_r1 import (
+from jax_routeweaver.routing.protocol import router_r1 as r1
+from jax_routeweaver.routing.protocol.calls import Usage, WorkerCall
+from jax_routeweaver.routing.protocol.router_r1 import (
     AnswerAction,
     AppendObservation,
     CallWorker,

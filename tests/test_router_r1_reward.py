@@ -21,9 +21,9 @@ from jax_routeweaver.rewards.router_r1_reward import (
     trajectory_reward,
     worker_prices,
 )
-from jax_routeweaver.routing.calls import Usage, WorkerCall
-from jax_routeweaver.routing.episode import Trajectory
-from jax_routeweaver.routing.pricing import PricingError
+from jax_routeweaver.routing.episodes.episode import Trajectory
+from jax_routeweaver.routing.pools.pricing import PricingError
+from jax_routeweaver.routing.protocol.calls import Usage, WorkerCall
 
 ROUTED = ("<think>I need help.</think>\n<search>Qwen2.5-7B-Instruct: who wrote Hamlet?</search>"
           "\n\n<information>Shakespeare wrote it.</information>\n\n<think>ok</think>\n"
@@ -212,7 +212,7 @@ def test_raw_cost_in_micro_dollars():
 
 
 def test_unknown_cost_leaves_the_window_alone_and_makes_the_row_infra():
-    from jax_routeweaver.rl.router_r1_run import as_rewards
+    from jax_routeweaver.rl.run.router_r1_run import as_rewards
 
     window = CostWindow()
     window.update(100.0)

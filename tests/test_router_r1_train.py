@@ -11,9 +11,9 @@ from rich.console import Console
 
 from jax_routeweaver.config import ConfigError
 from jax_routeweaver.rewards.router_r1_reward import CostWindow
-from jax_routeweaver.rl.checkpoint import STATE_ITEM, StateCheckpointer
-from jax_routeweaver.rl.loop import train
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run.checkpoint import STATE_ITEM, StateCheckpointer
+from jax_routeweaver.rl.run.loop import train
+from jax_routeweaver.rl.run.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "router_r1_quickstart.yaml"
@@ -228,12 +228,12 @@ def test_every_constrained_episode_passes_router_r1_format_check():
     import numpy as np
 
     from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-    from jax_routeweaver.routing import router_r1 as r1
-    from jax_routeweaver.routing.router_r1_env import (
+    from jax_routeweaver.routing.episodes.router_r1_env import (
         max_action_bytes,
         router_r1_grammar,
         valid_queries,
     )
+    from jax_routeweaver.routing.protocol import router_r1 as r1
     from jax_routeweaver.sampling.constraints import GrammarConstraints
 
     tok = build_qwen3_tokenizer()  # the cache the training runs above use
@@ -277,11 +277,11 @@ def test_rollout_metrics_of_router_r1_rows():
     """No mode keys (a mode-less row would read as an "invalid" mode), violations are the
     format violations (a row may have several), and the r1/* means."""
     from jax_routeweaver.rewards.router_r1_reward import router_r1_reward
-    from jax_routeweaver.rl.metrics import rollout_metrics
-    from jax_routeweaver.rl.router_r1_run import as_rewards
-    from jax_routeweaver.routing.calls import Usage, WorkerCall
-    from jax_routeweaver.routing.episode import Trajectory
-    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+    from jax_routeweaver.rl.reports.metrics import rollout_metrics
+    from jax_routeweaver.rl.run.router_r1_run import as_rewards
+    from jax_routeweaver.routing.episodes.episode import Trajectory
+    from jax_routeweaver.routing.protocol.calls import Usage, WorkerCall
+    from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
     record = synthetic_tasks(1, seed=0)[0]  # MATH, gold "158"
     ok = "<think> a </think>\n<answer> 158 </answer>"
@@ -311,7 +311,7 @@ def test_rollout_metrics_of_router_r1_rows():
     # No row with a known raw cost: the key is left out (a None would break the run log).
     import dataclasses
 
-    from jax_routeweaver.rl.metrics import router_r1_metrics
+    from jax_routeweaver.rl.reports.metrics import router_r1_metrics
     unknown = [dataclasses.replace(d, raw_cost=None) for d in details]
     assert "r1/cost_raw" not in router_r1_metrics(trajs, unknown)
     assert m["reward/mean"] == pytest.approx(sum(d.reward for d in details) / 4)

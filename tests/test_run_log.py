@@ -1,4 +1,5 @@
-"""Where metrics go (rl/run_log.py, rl/run_plots.py): the JSONL record (nulls, flushing, resume
+"""Where metrics go (rl/reports/run_log.py, rl/reports/run_plots.py): the JSONL record (nulls,
+flushing, resume
 without duplicate steps), TensorBoard events read back from the file, the plain progress lines,
 PNG plots and the first-vs-last summary table."""
 
@@ -15,8 +16,8 @@ from matplotlib.image import imread
 from rich.console import Console
 from tensorboardX.proto import event_pb2
 
-from jax_routeweaver.rl.run_log import Progress, RunLogger, read_metrics
-from jax_routeweaver.rl.run_plots import plot_run, summary_table
+from jax_routeweaver.rl.reports.run_log import Progress, RunLogger, read_metrics
+from jax_routeweaver.rl.reports.run_plots import plot_run, summary_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

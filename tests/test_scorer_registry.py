@@ -14,7 +14,7 @@ from jax_routeweaver.rewards.scorers.registry import (
     register,
     score,
 )
-from jax_routeweaver.routing.synthetic_tasks import SIM_SCORERS
+from jax_routeweaver.routing.simulated.tasks import SIM_SCORERS
 
 TEXT_AND_MATH = {
     "math", "omni_math", "omni_math_d36x", "mc_letter", "supergpqa", "longbench_v2",

@@ -18,7 +18,7 @@ from jax_routeweaver.rewards.scorers.code import (
     stdout_matches,
 )
 from jax_routeweaver.rewards.scorers.registry import get_scorer, known_scorers, score
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 pytestmark = pytest.mark.integration
 

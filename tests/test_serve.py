@@ -1,6 +1,6 @@
 """`routeweaver serve` end to end: the official `openai` client against the endpoint on
 127.0.0.1, the router from a quickstart checkpoint (random-init), the simulated workers
-behind real HTTP (`routing.simulated_http`). One server (uvicorn in a thread) serves the
+behind real HTTP (`routing.simulated.http_endpoint`). One server (uvicorn in a thread) serves the
 module; `test_serve_cli_*` start the real command as a process."""
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ import pytest
 from serve_helpers import PROXY_VARS, Served, tiny_run
 
 from jax_routeweaver.cli.app import main
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.simulated_http import SimulatedHttpWorkers, simulated_channel_file
+from jax_routeweaver.routing.simulated.http_endpoint import (
+    SimulatedHttpWorkers,
+    simulated_channel_file,
+)
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
 from jax_routeweaver.serving.config import ServeConfig
 
 TOKEN = "rw-serve-test-token-5e4d3c"
@@ -139,7 +142,7 @@ def test_a_forced_mode_and_a_worker_list_are_honoured(client, run):
 
 
 def test_the_warm_up_sampled_batches_before_listening_and_called_no_worker(served):
-    from jax_routeweaver.routing import prompts
+    from jax_routeweaver.routing.protocol import prompts
     from jax_routeweaver.serving.router import WARM_UP_QUESTION, warm_up_reply
 
     service = served.runtime.service
@@ -182,7 +185,7 @@ def test_max_cost_holds_by_construction_and_the_record_says_how(client, served, 
     max_cost, calls that would not fit are refused, and the answer still comes."""
     probe = served.runtime.service
     question = run[1][5].question
-    from jax_routeweaver.routing import prompts
+    from jax_routeweaver.routing.protocol import prompts
     from jax_routeweaver.serving.budget import BudgetedPool
     from jax_routeweaver.serving.router import DIRECT_TASK
 
@@ -207,8 +210,8 @@ def test_worst_case_prices_the_body_bound_and_in_flight_calls_hold_their_reserva
     """W = ((len(JSON body) + 1024) x in + max_tokens x out) / 1e6, by hand; two calls at
     once under a budget of one worst case: the second is refused while the first is in
     flight, though the first bills far less."""
-    from jax_routeweaver.routing.channels import load_channels
-    from jax_routeweaver.routing.workers import HttpWorkerPool
+    from jax_routeweaver.routing.pools.channels import load_channels
+    from jax_routeweaver.routing.pools.workers import HttpWorkerPool
     from jax_routeweaver.serving.budget import BudgetedPool
 
     channels = load_channels(workers.channels)
@@ -478,8 +481,8 @@ def test_a_request_out_of_budget_ends_with_402_and_keeps_what_it_billed(client, 
     nothing fits a budget of 1.5 W. The random-init router always answers, so its answer
     (and the last reply) is dropped here to reach the ending where nothing is left to pay
     for one: 402, with the record of what was billed."""
-    from jax_routeweaver.routing import prompts
-    from jax_routeweaver.routing.simulated_http import Fault
+    from jax_routeweaver.routing.protocol import prompts
+    from jax_routeweaver.routing.simulated.http_endpoint import Fault
     from jax_routeweaver.serving.budget import BudgetedPool
     from jax_routeweaver.serving.router import DIRECT_TASK
 

@@ -11,8 +11,11 @@ import openai
 import pytest
 from serve_helpers import PROXY_VARS, Served, tiny_run
 
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-from jax_routeweaver.routing.simulated_http import SimulatedHttpWorkers, simulated_channel_file
+from jax_routeweaver.routing.simulated.http_endpoint import (
+    SimulatedHttpWorkers,
+    simulated_channel_file,
+)
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
 from jax_routeweaver.serving.config import ServeConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,

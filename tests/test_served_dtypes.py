@@ -16,9 +16,9 @@ import pytest
 from test_sidecar_bf16 import _router, _step, stale_server
 
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.trainer import Trainer
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer
+from jax_routeweaver.rl.run.checkpoint import PolicyCheckpointer
 from jax_routeweaver.sampling.vllm_server import SidecarError
 from jax_routeweaver.sampling.vllm_worker_ext import (
     SERVED_RTOL,

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from model_helpers import shard_model
 from test_model import jax_logits, padded_batch
 
 from jax_routeweaver.models.config import ModelConfig
@@ -20,7 +21,6 @@ from jax_routeweaver.models.sharding import (
     create_sharded,
     logical_to_spec,
     make_mesh,
-    shard_model,
 )
 
 # What TRAIN_RULES must give for the stacked Qwen3 parameters (written out, not derived).

@@ -23,9 +23,9 @@ from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.hf import save_hf
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.run.checkpoint import PolicyCheckpointer
 from jax_routeweaver.sampling.probe_check import Probe, calibrate, tolerance
 from jax_routeweaver.sampling.sidecar import PROBE_TEXT
 from jax_routeweaver.sampling.vllm_server import (

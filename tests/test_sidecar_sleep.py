@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import pytest
 
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.run.train_config import load_train_config
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.vllm_server import ServerConfig, SidecarError, VllmServer
 from jax_routeweaver.sampling.vllm_sidecar import VllmSidecarSampler

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from jax_routeweaver.rl.loop import train
-from jax_routeweaver.rl.run_log import read_metrics
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.reports.run_log import read_metrics
+from jax_routeweaver.rl.run.loop import train
+from jax_routeweaver.rl.run.train_config import load_train_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

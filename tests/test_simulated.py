@@ -19,15 +19,15 @@ import types
 import pytest
 
 from jax_routeweaver.data.records import Domain, Record
-from jax_routeweaver.routing import simulated_profiles
-from jax_routeweaver.routing.calls import Usage, WorkerCall, WorkerPool
-from jax_routeweaver.routing.simulated import SimulatedWorkerPool, estimate_tokens
-from jax_routeweaver.routing.simulated_profiles import (
+from jax_routeweaver.routing.protocol.calls import Usage, WorkerCall, WorkerPool
+from jax_routeweaver.routing.simulated import profiles as simulated_profiles
+from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool, estimate_tokens
+from jax_routeweaver.routing.simulated.profiles import (
     DEFAULT_DYNAMICS,
     DEFAULT_PROFILES,
     WorkerProfile,
 )
-from jax_routeweaver.routing.synthetic_tasks import LEVELS, SIM_SCORERS, synthetic_tasks
+from jax_routeweaver.routing.simulated.tasks import LEVELS, SIM_SCORERS, synthetic_tasks
 
 # Reference price table (docs/algorithm.md, "Trajectory cost"), USD per 1M tokens (input,
 # output). Kept here on purpose: the simulator reports usage only, cost is the caller's
@@ -390,12 +390,13 @@ def test_role_words_inside_the_router_task_do_not_change_the_role(pool, tasks):
 
 
 def test_recognises_the_payloads_of_routing_prompts(pool, tasks):
-    """Against the real payload builders (routing/prompts.py), when they are there: what the
+    """Against the real payload builders (routing/protocol/prompts.py), when they are there:
+    what the
     prompt writers must keep is the question verbatim, the role word in the brief, and the
     `[nK] (from ROLE)` headers of referenced outputs."""
-    prompts = pytest.importorskip("jax_routeweaver.routing.prompts")
+    prompts = pytest.importorskip("jax_routeweaver.routing.protocol.prompts")
     if not all(hasattr(prompts, name) for name in ("single_multi_payload", "role_payload")):
-        pytest.skip("routing.prompts has no single_multi_payload/role_payload")
+        pytest.skip("routing.protocol.prompts has no single_multi_payload/role_payload")
     node = lambda i, role, out: types.SimpleNamespace(id=i, role=role, output=out)
     record = by_domain(tasks, Domain.MATH, "medium")[0]
     q, bad = record.question, record.meta["sim"]["distractors"][0]

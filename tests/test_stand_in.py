@@ -1,4 +1,4 @@
-"""The pretrained stand-in (rl/stand_in.py): targets, the objective, the cache, the config."""
+"""The pretrained stand-in (rl/run/stand_in.py): targets, the objective, the cache, the config."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from rich.console import Console
 
 from jax_routeweaver.config import ConfigError
 from jax_routeweaver.models.sharding import make_mesh
-from jax_routeweaver.rl import builders, routeweaver_run, stand_in
-from jax_routeweaver.rl.train_config import StandInConfig, load_train_config
-from jax_routeweaver.routing import grammar as g
-from jax_routeweaver.routing import prompts
-from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
+from jax_routeweaver.rl.run import builders, routeweaver_run, stand_in
+from jax_routeweaver.rl.run.train_config import StandInConfig, load_train_config
+from jax_routeweaver.routing.episodes.routeweaver_env import routeweaver_envs
+from jax_routeweaver.routing.protocol import grammar as g
+from jax_routeweaver.routing.protocol import prompts
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 QUIET = Console(file=io.StringIO())
@@ -265,7 +265,7 @@ def test_built_once_then_reused_and_loaded_by_the_run(built, run_parts, capsys, 
 
 def builders_demonstrate(cfg, records, tokenizer):
     """The run's `demonstrate` as `builders.stand_in_path` binds it."""
-    from jax_routeweaver.rl.demonstrations import demonstrations
+    from jax_routeweaver.rl.run.demonstrations import demonstrations
 
     pool = builders.build_pool(cfg, records, check=False)
     make_env = routeweaver_envs(tokenizer, pool, routeweaver_run.env_config(

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from jax_routeweaver.cli.app import main
-from jax_routeweaver.rl.provenance import config_sha256
-from jax_routeweaver.rl.run_log import read_metrics
-from jax_routeweaver.rl.train_config import load_train_config
+from jax_routeweaver.rl.reports.run_log import read_metrics
+from jax_routeweaver.rl.run.provenance import config_sha256
+from jax_routeweaver.rl.run.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -162,9 +162,9 @@ def test_http_workers_serve_every_step(tmp_path, monkeypatch, compile_cache):
     from openai_stub import KEY_ENV, PROXY_VARS, SECRET, SimServer, channel_file
     from rich.console import Console
 
-    from jax_routeweaver.rl.builders import build_records
-    from jax_routeweaver.rl.train_config import load_train_config
-    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
+    from jax_routeweaver.rl.run.builders import build_records
+    from jax_routeweaver.rl.run.train_config import load_train_config
+    from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
 
     for name in PROXY_VARS:
         monkeypatch.delenv(name, raising=False)
@@ -192,7 +192,7 @@ def test_http_workers_serve_every_step(tmp_path, monkeypatch, compile_cache):
 def test_training_rolls_out_on_the_paged_engine(tmp_path, compile_cache):
     """`rollout.kv_cache: paged` through the whole loop: 10 rollouts through 4 decode slots of
     a small page pool (rows admitted as others retire), two steps, every action valid."""
-    from jax_routeweaver.rl.run_log import read_metrics
+    from jax_routeweaver.rl.reports.run_log import read_metrics
 
     out = tmp_path / "paged"
     done = subprocess.run(train_cmd(out, "steps=2", "rollout.kv_cache=paged",

@@ -11,11 +11,11 @@ from flax import nnx
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3, token_logprobs
 from jax_routeweaver.models.sharding import create_sharded, make_mesh
-from jax_routeweaver.rl import losses
-from jax_routeweaver.rl.curriculum import ExplorationConfig
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.support import support_batch
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch, param_groups
+from jax_routeweaver.rl.core import losses
+from jax_routeweaver.rl.core.support import support_batch
+from jax_routeweaver.rl.learner.curriculum import ExplorationConfig
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch, param_groups
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.jax_sampler import JaxSampler
 

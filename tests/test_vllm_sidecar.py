@@ -21,9 +21,9 @@ from jax_routeweaver.models.hf import load_hf, save_hf
 from jax_routeweaver.models.qwen3 import token_logprobs
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-from jax_routeweaver.rl.checkpoint import PolicyCheckpointer
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import Trainer, UpdateBatch
+from jax_routeweaver.rl.run.checkpoint import PolicyCheckpointer
 from jax_routeweaver.sampling.base import SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints
 from jax_routeweaver.sampling.jax_sampler import JaxSampler

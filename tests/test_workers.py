@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jax_routeweaver.routing.calls import Usage, WorkerCall, WorkerPool
-from jax_routeweaver.routing.channels import ChannelConfigError, load_channels, parse_channels
-from jax_routeweaver.routing.pricing import REFERENCE_PRICES, verify_pool
-from jax_routeweaver.routing.workers import HttpWorkerPool, MissingApiKeyError
+from jax_routeweaver.routing.pools.channels import ChannelConfigError, load_channels, parse_channels
+from jax_routeweaver.routing.pools.pricing import REFERENCE_PRICES, verify_pool
+from jax_routeweaver.routing.pools.workers import HttpWorkerPool, MissingApiKeyError
+from jax_routeweaver.routing.protocol.calls import Usage, WorkerCall, WorkerPool
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "RW_TEST_WORKER_KEY"
@@ -495,7 +495,7 @@ def test_secret_never_in_logs_records_or_reprs(server, caplog, tmp_path):
     assert all(r["headers"]["Authorization"] == f"Bearer {SECRET}" for r in server.requests)
     assert "HTTP Request: POST" in caplog.text
     assert {"httpx", "httpcore.connection", "httpcore.http11"} <= {r.name for r in caplog.records}
-    assert any(r.name == "jax_routeweaver.routing.workers" for r in caplog.records)
+    assert any(r.name == "jax_routeweaver.routing.pools.workers" for r in caplog.records)
     assert SECRET not in caplog.text
     assert all(SECRET not in str(r.args) + r.getMessage() for r in caplog.records)
     for text in [pool_repr, repr(channels), *map(repr, calls)]:

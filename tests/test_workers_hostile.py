@@ -21,16 +21,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from test_workers import KEY_ENV, SECRET, config, entry
 
-from jax_routeweaver.routing import workers
-from jax_routeweaver.routing.calls import Usage, WorkerCall
-from jax_routeweaver.routing.pricing import (
+from jax_routeweaver.routing.pools import workers
+from jax_routeweaver.routing.pools.pricing import (
     REFERENCE_PRICES,
     USAGE_UNKNOWN,
     call_cost,
     trajectory_cost,
     usage_unknown,
 )
-from jax_routeweaver.routing.workers import HttpWorkerPool
+from jax_routeweaver.routing.pools.workers import HttpWorkerPool
+from jax_routeweaver.routing.protocol.calls import Usage, WorkerCall
 
 MiB = 2**20
 
@@ -411,8 +411,8 @@ def test_hostile_replies_never_show_the_key(server, gzip_bomb, caplog):
 
 
 def test_non_utf8_channel_and_cost_ref_files_name_file_and_line(tmp_path):
-    from jax_routeweaver.routing.channels import ChannelConfigError, load_channels
-    from jax_routeweaver.routing.pricing import load_cost_ref
+    from jax_routeweaver.routing.pools.channels import ChannelConfigError, load_channels
+    from jax_routeweaver.routing.pools.pricing import load_cost_ref
 
     channels = tmp_path / "channels.yaml"
     channels.write_bytes(b"workers:\n  worker_1:\n    description: caf\xe9\n")

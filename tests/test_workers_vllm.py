@@ -23,8 +23,8 @@ import httpx
 import pytest
 import yaml
 
-from jax_routeweaver.routing.channels import load_channels
-from jax_routeweaver.routing.workers import Cooldowns, HttpWorkerPool
+from jax_routeweaver.routing.pools.channels import load_channels
+from jax_routeweaver.routing.pools.workers import Cooldowns, HttpWorkerPool
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

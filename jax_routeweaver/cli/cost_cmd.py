@@ -14,7 +14,7 @@ _DUMP_SCHEMA = """\
 DUMP is a JSONL file of rollouts, one JSON object per line (blank lines skipped), e.g. the rows
 of `Rewards.as_row()`:
   cost_usd       number >= 0: worker cost of the trajectory in USD, at the price table the
-                 rollouts were billed at: the reference table (the simulated pool's), or
+                 rollouts were billed at: the original price table (the simulated pool's), or
                  with --channels the channel file's prices (read only for kept rows; may be
                  null otherwise)
   infra_failed   0/1 (or false/true): system failure; the row is skipped
@@ -35,7 +35,7 @@ def _calibrate_cost_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels", type=Path, default=None, metavar="FILE",
                    help="the channel file the DUMP's rollouts were billed with (the run's "
                         "workers.pool): its prices and price_table_version (required) go in "
-                        "the record (default: the reference table of the simulated pool)")
+                        "the record (default: the original price table of the simulated pool)")
 
 
 def _quantile(text: str) -> float:
@@ -90,11 +90,11 @@ def read_cost_dump(path: Path, price_table_version: str) -> list[dict]:
 
 
 def _billing_table(channels: Path | None) -> tuple[Any, str]:
-    """(prices, price_table_version) a cost dump was billed at: the reference table, or the
+    """(prices, price_table_version) a cost dump was billed at: the original price table, or
     channel file's prices under its `price_table_version` (a C_ref is only meaningful under
     a named table, so a file without one is a ValueError)."""
-    from jax_routeweaver.routing.channels import load_channels
-    from jax_routeweaver.routing.pricing import PRICE_TABLE_VERSION, REFERENCE_PRICES
+    from jax_routeweaver.routing.pools.channels import load_channels
+    from jax_routeweaver.routing.pools.pricing import PRICE_TABLE_VERSION, REFERENCE_PRICES
 
     if channels is None:
         return REFERENCE_PRICES, PRICE_TABLE_VERSION
@@ -108,7 +108,7 @@ def _billing_table(channels: Path | None) -> tuple[Any, str]:
 def _calibrate_cost(args: argparse.Namespace) -> int:
     import json
 
-    from jax_routeweaver.routing.pricing import c_ref_from_costs
+    from jax_routeweaver.routing.pools.pricing import c_ref_from_costs
 
     prices, version = _billing_table(args.channels)
     rows = read_cost_dump(args.dump, version)

@@ -44,7 +44,7 @@ def _cache_arguments(p: argparse.ArgumentParser, default_cache: str) -> None:
 
 
 def _worker_temperature_argument(p: argparse.ArgumentParser) -> None:
-    from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE
+    from jax_routeweaver.routing.pools.workers import DEFAULT_TEMPERATURE
 
     p.add_argument("--worker-temperature", type=float, default=DEFAULT_TEMPERATURE,
                    help="sampling temperature of HTTP workers (default "
@@ -199,8 +199,8 @@ def _eval_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from jax_routeweaver.eval.evaluate import EvalConfig, evaluate
-    from jax_routeweaver.rl.router_checkpoint import checkpoint_config
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.router_checkpoint import checkpoint_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     _check_sets(args)
     cfg = load_train_config(checkpoint_config(args.checkpoint, args.config), args.overrides)
@@ -221,8 +221,8 @@ def _eval_baselines(args: argparse.Namespace) -> int:
 
     from jax_routeweaver.eval.compare import BaselineConfig, run_baselines
     from jax_routeweaver.eval.report import console_table
-    from jax_routeweaver.rl.loop import CONFIG_FILE
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.loop import CONFIG_FILE
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     _check_sets(args)
     config = args.config / CONFIG_FILE if args.config.is_dir() else args.config
@@ -243,8 +243,8 @@ def _eval_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from jax_routeweaver.eval.compare import CompareConfig, run_comparison
-    from jax_routeweaver.rl.router_checkpoint import checkpoint_config
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.router_checkpoint import checkpoint_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     _check_sets(args)
     cfg = load_train_config(checkpoint_config(args.checkpoint, args.config), args.overrides)
@@ -276,8 +276,8 @@ def _eval_favourites(args: argparse.Namespace) -> int:
         workers_table,
         write_outputs,
     )
-    from jax_routeweaver.rl.router_checkpoint import checkpoint_config
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.router_checkpoint import checkpoint_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     if args.checkpoint is None and args.config is None:
         raise ValueError("--config is required without --checkpoint (or give --checkpoint "

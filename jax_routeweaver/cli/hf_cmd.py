@@ -28,7 +28,7 @@ def _import_hf_arguments(p: argparse.ArgumentParser) -> None:
 
 def _import_hf(args: argparse.Namespace) -> int:
     from jax_routeweaver.models.hf import CheckpointError, load_hf
-    from jax_routeweaver.rl.checkpoint import has_tokenizer, list_steps, save_policy
+    from jax_routeweaver.rl.run.checkpoint import has_tokenizer, list_steps, save_policy
 
     existing = list_steps(args.ckpt_dir)
     if args.step in existing:  # checked before the (possibly long) load
@@ -71,7 +71,7 @@ def check_output_dir(path: Path, overwrite: bool) -> None:
 
 def _export_hf(args: argparse.Namespace) -> int:
     from jax_routeweaver.models.hf import save_hf
-    from jax_routeweaver.rl.checkpoint import TOKENIZER_DIR, restore_policy
+    from jax_routeweaver.rl.run.checkpoint import TOKENIZER_DIR, restore_policy
 
     check_output_dir(args.hf_dir, args.overwrite)  # before the (possibly long) restore
     model, step = restore_policy(args.ckpt_dir, args.step, mesh=optional_mesh(args.mesh),

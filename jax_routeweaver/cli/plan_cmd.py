@@ -78,7 +78,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     from jax_routeweaver.models.config import ModelConfig
     from jax_routeweaver.planning.memory import config_shape
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     cfg = load_train_config(args.config, args.overrides)
     arch_path = args.arch or Path(cfg.model.path) / "config.json"

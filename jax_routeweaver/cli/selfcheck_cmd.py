@@ -46,7 +46,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     from jax_routeweaver.models.qwen3 import Qwen3
     from jax_routeweaver.models.sharding import create_sharded, describe, make_mesh
     from jax_routeweaver.models.tokenizer import build_qwen3_tokenizer
-    from jax_routeweaver.rl.checkpoint import restore_policy, save_policy
+    from jax_routeweaver.rl.run.checkpoint import restore_policy, save_policy
     from jax_routeweaver.sampling.base import SamplingParams
     from jax_routeweaver.sampling.jax_sampler import JaxSampler
 
@@ -106,11 +106,11 @@ def _quickstart_episodes(args: argparse.Namespace, tokenizer, model, cfg) -> lis
     """RouteWeaver episodes of the router against the simulated pool (a simulation of paid
     LLM APIs); grammar constraints keep every action of the random-init router valid."""
     from jax_routeweaver.rewards.feedback import execution_feedback
-    from jax_routeweaver.routing.episode import run_episodes
-    from jax_routeweaver.routing.pricing import REFERENCE_PRICES
-    from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
-    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+    from jax_routeweaver.routing.episodes.episode import run_episodes
+    from jax_routeweaver.routing.episodes.routeweaver_env import EnvConfig, routeweaver_envs
+    from jax_routeweaver.routing.pools.pricing import REFERENCE_PRICES
+    from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+    from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
     from jax_routeweaver.sampling.base import SamplingParams
     from jax_routeweaver.sampling.constraints import GrammarConstraints
     from jax_routeweaver.sampling.jax_sampler import JaxSampler

@@ -1,6 +1,6 @@
 """`routeweaver serve`: a trained router behind an OpenAI-compatible endpoint (`serving`);
 `routeweaver simulate-workers`: the SIMULATED workers behind real HTTP on loopback, to try it
-without a paid API (`routing.simulated_http`)."""
+without a paid API (`routing.simulated.http_endpoint`)."""
 
 from __future__ import annotations
 
@@ -119,13 +119,13 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
 def _simulate(args: argparse.Namespace) -> int:
     import threading
 
-    from jax_routeweaver.rl.train_config import load_train_config
-    from jax_routeweaver.routing.simulated import SimulatedWorkerPool
-    from jax_routeweaver.routing.simulated_http import (
+    from jax_routeweaver.rl.run.train_config import load_train_config
+    from jax_routeweaver.routing.simulated.http_endpoint import (
         SimulatedHttpWorkers,
         simulated_channel_file,
     )
-    from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
+    from jax_routeweaver.routing.simulated.pool import SimulatedWorkerPool
+    from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
     fallbacks = dict(f.split("=", 1) for f in args.fallback if "=" in f)
     if len(fallbacks) != len(args.fallback):

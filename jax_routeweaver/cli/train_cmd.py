@@ -29,8 +29,8 @@ def _train(args: argparse.Namespace) -> int:
     import yaml
 
     from jax_routeweaver.config import redact_secrets, to_dict
-    from jax_routeweaver.rl.loop import train
-    from jax_routeweaver.rl.train_config import load_train_config
+    from jax_routeweaver.rl.run.loop import train
+    from jax_routeweaver.rl.run.train_config import load_train_config
 
     cfg = load_train_config(args.config, args.overrides)
     if args.print_config:
@@ -40,7 +40,7 @@ def _train(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         from jax_routeweaver.planning.dry_run import dry_run
-        from jax_routeweaver.rl.distributed import initialize
+        from jax_routeweaver.rl.run.distributed import initialize
 
         initialize()
         return 0 if dry_run(cfg, Console(), plan=not args.no_memory) else 1
@@ -65,8 +65,8 @@ def _warm_start(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from jax_routeweaver.models.sharding import make_mesh
-    from jax_routeweaver.rl import builders, stand_in
-    from jax_routeweaver.rl.train_config import RANDOM_INITS, load_train_config
+    from jax_routeweaver.rl.run import builders, stand_in
+    from jax_routeweaver.rl.run.train_config import RANDOM_INITS, load_train_config
 
     cfg = load_train_config(args.config, args.overrides)
     if cfg.model.init not in RANDOM_INITS:

@@ -1,6 +1,6 @@
 """Query batches for training: a deterministic, resumable grain pipeline over `Record`s.
 
-The reference reads its training parquet in order, 32 rows per step, every step holding the
+The original code reads its training parquet in order, 32 rows per step, every step holding the
 domain census {MATH 7, CODE 7, KNOWLEDGE 7, REASON 6, RECALL 5}, and a row's `batch_index` is
 training step − 1. Here that composition is made from any record set:
 `plan_batches` gives each domain a (seeded) order and fills batch b with the next quota of
@@ -28,10 +28,12 @@ from typing import Any
 
 import grain
 
+from jax_routeweaver.config import bounded
 from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 
 __all__ = [
     "DEFAULT_QUOTAS",
+    "BatchSettings",
     "PipelineConfig",
     "QueryBatch",
     "QueryIterator",
@@ -41,7 +43,7 @@ __all__ = [
     "plan_batches",
 ]
 
-# Reference batch census (its launcher's pre-flight check); its order is the order rows take in
+# The original's batch census (its launcher's pre-flight check); its order is the order rows take in
 # a batch.
 DEFAULT_QUOTAS: Mapping[Domain, int] = types.MappingProxyType({
     Domain.MATH: 7, Domain.CODE: 7, Domain.KNOWLEDGE: 7, Domain.REASON: 6, Domain.RECALL: 5,
@@ -54,7 +56,7 @@ _PLAN_VERSION = 1
 def balanced_forced_modes(sample_ids: Sequence[str], *, salt: str = "forced_mode") -> list[str]:
     """Forced modes for one batch, as counts that differ by at most one (11/11/10 of 32):
     round-robin over the queries ordered by `sha256(salt:sample_id)`, so a query's mode does
-    not depend on row order (the reference bakes `forced_mode` into its parquet)."""
+    not depend on row order (the original code bakes `forced_mode` into its parquet)."""
     if len(set(sample_ids)) != len(sample_ids):
         raise ValueError("sample_ids of a batch must be unique")
     order = sorted(range(len(sample_ids)), key=lambda i: hashlib.sha256(
@@ -105,39 +107,55 @@ def _census_text(counts: Mapping[Domain, int]) -> str:
     return "{" + ", ".join(f"{d.value} {n}" for d, n in counts.items()) + "}"
 
 
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    """How records become query batches.
+SEED_RANGE = "[0, 4294967295]"  # seeds: uint32
 
-    batch_size   queries per batch (training step); int >= 1 (default 32).
-    group_size   K rollouts per query (GRPO group); int >= 1 (default 8).
-    quotas       rows per domain in every batch, in the order they appear in a batch; keys are
-                 `Domain`s or their names (any case), counts >= 0 summing to `batch_size`;
-                 domains left out get 0 and their rows are not used. None: no domain
-                 composition, batches are consecutive runs of the (shuffled) record order.
-                 Default `DEFAULT_QUOTAS` (the paper's 7/7/7/6/5).
-    shuffle      draw rows in a seeded random order (per domain with quotas) instead of the
-                 file order; `quotas=None, shuffle=False` reproduces a reference parquet.
-                 bool (default True).
-    seed         shuffle seed; epoch e is shuffled with (seed, e). Any int (default 0).
+
+@dataclasses.dataclass(frozen=True)
+class BatchSettings:
+    """The settings that make query batches, declared once: the training config's ``data``
+    section (`rl.run.train_config.DataConfig`) extends them, and `PipelineConfig` adds what
+    one pipeline needs besides (`PipelineConfig.of` builds it from them). The defaults are
+    the training run's: the paper's batches, in the record file's order."""
+
+    batch_size: int = bounded(32, "[1, inf)")  # queries per batch (one training step)
+    group_size: int = bounded(8, "[1, inf)")  # K rollouts per query (the GRPO group)
+    # Queries per domain in every batch, in the order they appear in a batch: `Domain` names
+    # (any case) -> counts >= 0 summing to `batch_size`; domains left out get 0 and their
+    # rows are not used. Empty (or None in `PipelineConfig`): no domain composition, batches
+    # are consecutive runs of the (shuffled) record order. Default: the paper's 7/7/7/6/5.
+    quotas: dict[str, int] = bounded(  # noqa: RUF009 (a field)
+        {d.value: n for d, n in DEFAULT_QUOTAS.items()}, "[0, inf)")
+    # Draw rows in a seeded random order (per domain with quotas), each epoch anew, instead
+    # of the file order; ``quotas`` empty and ``shuffle`` off reproduce an original parquet.
+    shuffle: bool = False
+    seed: int = bounded(42, SEED_RANGE)  # shuffle seed: epoch e is shuffled with (seed, e)
+    # When an epoch's full batches are used up, start the next epoch, reshuffled (else the
+    # records must fill every batch asked for).
+    repeat: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig(BatchSettings):
+    """How records become query batches: `BatchSettings` (whose fields it takes), with a
+    library's defaults for ``shuffle`` (True) and ``seed`` (0), and
+
     first_index  `batch_index` of the first batch (training step − 1 of the first step);
                  int >= 0 (default 0).
     num_batches  batches to serve; None: every full batch of one epoch (endless with
                  `repeat`). Without `repeat` the records must fill them, else `QueryPipeline`
                  raises naming the domain that runs out. int >= 0 or None (default None).
-    repeat       when an epoch's full batches are used up, start the next epoch, reshuffled.
-                 bool (default False).
     """
 
-    batch_size: int = 32
-    group_size: int = 8
-    quotas: Mapping[Domain | str, int] | None = dataclasses.field(
-        default_factory=lambda: DEFAULT_QUOTAS)
     shuffle: bool = True
     seed: int = 0
     first_index: int = 0
     num_batches: int | None = None
-    repeat: bool = False
+
+    @classmethod
+    def of(cls, settings: BatchSettings, **extra: Any) -> PipelineConfig:
+        """The pipeline of `settings` (empty quotas: none), with `extra` fields set."""
+        given = {f.name: getattr(settings, f.name) for f in dataclasses.fields(BatchSettings)}
+        return cls(**{**given, "quotas": settings.quotas or None, **extra})
 
     def __post_init__(self) -> None:
         _int("batch_size", self.batch_size, minimum=1)
@@ -183,7 +201,7 @@ class QueryBatch:
 def check_census(batch: QueryBatch | Iterable[Record],
                  quotas: Mapping[Domain | str, int] = DEFAULT_QUOTAS) -> None:
     """Raise ValueError unless the batch (or rows) has exactly `quotas[d]` rows of each domain
-    (0 for domains not named) — the reference launcher's pre-flight check on the first 32
+    (0 for domains not named) — the original launcher's pre-flight check on the first 32
     rows. The message gives the expected and the found census."""
     expected = dict(_normalise_quotas(quotas, batch_size=None))
     records = batch.records if isinstance(batch, QueryBatch) else tuple(batch)

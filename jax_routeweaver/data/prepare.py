@@ -1,5 +1,5 @@
 """Benchmark records -> the data files of a paper run (docs/usage.md, "Data"): RouteWeaver's
-training, cold-start and evaluation files as the reference's, and Router-R1's files as its
+training, cold-start and evaluation files as the original's, and Router-R1's files as its
 upstream data.
 
 Every file draws its rows from `SourcePool`s: the usable records of one source file (see
@@ -25,8 +25,8 @@ Evaluation rows are "free": no batch index, no forced mode.
 
 The training mix: the paper summary gives per-source counts (Omni-MATH 700, SATBench 700,
 SuperGPQA 600, APPS 400, PopQA 300, LiveCodeBench 300, TriviaQA 200) with a batch quota of
-7/7/6/7/5, while the reference launcher asserts 7/7/7/6/5. Where the two disagree the
-reference code's behaviour is the default, so `REFERENCE_MIX` is the summary's counts with
+7/7/6/7/5, while the original launcher asserts 7/7/7/6/5. Where the two disagree the
+original code's behaviour is the default, so `REFERENCE_MIX` is the summary's counts with
 SuperGPQA (KNOWLEDGE) and SATBench (REASON) sized to that census — 700 and 600; `PAPER_MIX`
 with `PAPER_QUOTAS` is the summary as written.
 """
@@ -89,7 +89,7 @@ MIXES: Mapping[str, tuple[Mapping[str, int], Mapping[Domain, int]]] = types.Mapp
     "reference": (REFERENCE_MIX, DEFAULT_QUOTAS), "paper": (PAPER_MIX, PAPER_QUOTAS)})
 TRAIN_BATCHES, COLD_BATCHES = 100, 25
 
-# The reference's evaluation sets: set600 = MATH L2-5 + APPS (scored) + SuperGPQA/SATBench/PopQA
+# The original's evaluation sets: set600 = MATH L2-5 + APPS (scored) + SuperGPQA/SATBench/PopQA
 # (not scored); set700 = Omni-MATH, LiveCodeBench, TACO (100), SuperGPQA, SATBench,
 # SimpleQA-Verified.
 EVAL_SETS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({

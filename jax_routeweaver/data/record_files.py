@@ -9,7 +9,7 @@ per file. Every validation error names the field and the sample id. `read_record
 opens a data source, also refuses a file that yields no records. Writers write a temporary
 sibling and rename it, so a failure never leaves a half-written file.
 
-A `QuestionLimit` (built by the caller that knows the router: `rl.builders.question_limit`)
+A `QuestionLimit` (built by the caller that knows the router: `rl.run.builders.question_limit`)
 refuses, under the same `bad_rows` policy, a row whose question cannot fit the router's
 context, in two steps: a JSONL line longer than `QuestionLimit.line_bytes` is refused before it
 is decoded or parsed (and is never held whole: it is read up to that bound and the rest
@@ -100,7 +100,7 @@ JSON_LINE_EXPANSION = 13
 class QuestionLimit:
     """The most a record's question may hold to fit the router's context, with the bounds
     that let a reader refuse one cheaply (module doc). Plain numbers and a callable: the
-    caller that knows the router and its tokenizer builds it (`rl.builders.question_limit`).
+    caller that knows the router and its tokenizer builds it (`rl.run.builders.question_limit`).
 
     tokens       the most tokens a question may have (>= 1): the router's context less the
                  prompt around the question.
@@ -368,7 +368,7 @@ def _parquet_row(row: dict[str, Any]) -> dict[str, Any]:
 def read_parquet(path: str | os.PathLike[str], *, bad_rows: BadRows = "error",
                  stats: ReadStats | None = None,
                  limit: QuestionLimit | None = None) -> list[Record]:
-    """Records from a parquet file in the reference row layout (`data.records`), read in order.
+    """Records from a parquet file in the original row layout (`data.records`), read in order.
 
     Rows go through `Record.from_row` as JSONL lines do, with the same `bad_rows` / `stats` /
     `limit` handling (a parquet row has no line to bound: its question is checked once
@@ -424,7 +424,7 @@ def _arrow_column(values: list[Any], name: str, arrow_type: Any, path: Path) -> 
 
 
 def write_parquet(path: str | os.PathLike[str], records: Iterable[Record]) -> int:
-    """Write records as reference rows to a parquet file; returns the number written.
+    """Write records as rows of the original layout to a parquet file; returns the number written.
 
     `extra_info` is a struct whose `payload_json` is the JSON string of `to_row()`, so
     question, gold and meta (code tests included) round-trip exactly through `read_parquet`.

@@ -1,7 +1,7 @@
 """The one record schema for real and synthetic questions, and its row form.
 
 A `Record` is one question with everything the pipeline, the episode runner and the scorers
-need. The reference stores questions as verl parquet rows; `Record.to_row()` and
+need. The original code stores questions as verl parquet rows; `Record.to_row()` and
 `Record.from_row(row)` convert to and from exactly that shape:
 
 ```
@@ -13,7 +13,7 @@ need. The reference stores questions as verl parquet rows; `Record.to_row()` and
                 "pool": str, "dataset": str, "forced_mode": "single"|"multi"|"agentic"|None}}
 ```
 
-`payload_json` is a JSON *string* (as in the reference parquets). Keys this module does not
+`payload_json` is a JSON *string* (as in the original parquets). Keys this module does not
 know are kept, uninterpreted, in `Record.extras` under a location-qualified name (`ability`
 for a top-level column, `extra_info.index`, `payload_json.source`) and written back by
 `to_row()`, so a real row survives a round trip unchanged.
@@ -55,7 +55,7 @@ class Domain(enum.StrEnum):
 
 
 FORCED_MODES = ("single", "multi", "agentic")
-# Scorers that execute a program against `meta.tests` (the reference's code scorers); their rows
+# Scorers that execute a program against `meta.tests` (the original's code scorers); their rows
 # need tests.
 CODE_SCORER_DATASETS = frozenset({"stdin", "apps_functional", "livecodebench", "taco_mm"})
 # The scorer name of a question nobody grades (a request to the serving endpoint, `serving`):
@@ -97,7 +97,7 @@ def _json_ok(value: Any) -> bool:
 class Record:
     """One question. Immutable; `meta` and `extras` are plain dicts, treat them as read-only.
 
-    Fields (reference row location in brackets):
+    Fields (row location in the original layout in brackets):
       sample_id       [extra_info.sample_id] unique id of the question.
       domain          [extra_info.domain] a `Domain` (strings are converted, any case); None
                       only for an `UNSCORED` question (a served request's is unknown).
@@ -242,7 +242,7 @@ class Record:
 
     # ------------------------------------------------------------------ row form
     def to_row(self) -> dict[str, Any]:
-        """The reference parquet row (see module doc); `payload_json` is a JSON string."""
+        """The row in the original parquet layout (module doc); `payload_json` is a JSON string."""
         payload: dict[str, Any] = {"raw_question": self.question, "gold": list(self.gold),
                                    "meta": self.meta}
         info: dict[str, Any] = {
@@ -273,7 +273,7 @@ class Record:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Record:
-        """Parse a reference row (a dict from parquet/pyarrow/pandas, or a JSONL line).
+        """Parse a row in the original layout (a dict from parquet/pyarrow/pandas, or a JSONL line).
 
         Raises `RecordError` naming the missing/invalid field (`extra_info.payload_json.gold`,
         ...) and the sample id.

@@ -11,7 +11,7 @@ expected to offer, as listed with Router-R1; the RouteWeaver router's own rows c
 2. Routers pick one worker per record:
    - `RandomRouter(seed)`: uniform, from a hash of (seed, sample_id): reproducible, order-free.
    - `LargestWorkerRouter`: always one worker; default the priciest offered worker by the price
-     table (max of in + out USD per 1M tokens; the reference table gives worker_6).
+     table (max of in + out USD per 1M tokens; the original price table gives worker_6).
    - `OracleRouter`: upper bound from the collected replies: the cheapest worker that was
      correct on the record if any, else the cheapest worker whose call did not fail.
    - `KNNRouter(k)`, `MLPRouter` (`eval.learned_routers`): over all-MiniLM-L6-v2 query
@@ -43,8 +43,8 @@ from jax_routeweaver.eval.worker_outcomes import (
     run_sync,
 )
 from jax_routeweaver.models.sentence_encoder import Embedder
-from jax_routeweaver.routing.calls import WorkerPool
-from jax_routeweaver.routing.pricing import REFERENCE_PRICES, Prices, pool_prices, verify_pool
+from jax_routeweaver.routing.pools.pricing import REFERENCE_PRICES, Prices, pool_prices, verify_pool
+from jax_routeweaver.routing.protocol.calls import WorkerPool
 
 __all__ = [
     "BASELINE_NAMES",

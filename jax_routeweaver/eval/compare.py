@@ -55,11 +55,11 @@ from jax_routeweaver.eval.evaluate import (
     load_sets,
 )
 from jax_routeweaver.eval.mode_oracle import ModeOracle, mode_oracle, mode_oracle_markdown
-from jax_routeweaver.rl.router_checkpoint import resolve_checkpoint
-from jax_routeweaver.rl.train_config import TrainConfig
-from jax_routeweaver.routing.calls import WorkerPool
-from jax_routeweaver.routing.replay import ReplayMode, ReplayStats
-from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE
+from jax_routeweaver.rl.run.router_checkpoint import resolve_checkpoint
+from jax_routeweaver.rl.run.train_config import TrainConfig
+from jax_routeweaver.routing.pools.replay import ReplayMode, ReplayStats
+from jax_routeweaver.routing.pools.workers import DEFAULT_TEMPERATURE
+from jax_routeweaver.routing.protocol.calls import WorkerPool
 
 ROUTER = "router"
 MODE_ORACLE_JSON = "mode_oracle.json"
@@ -93,7 +93,7 @@ class BaselineConfig:
     routers: tuple[str, ...] = BASELINE_NAMES
     # Worker of the "largest" router (an offered worker id); None = the priciest one.
     largest_worker: str | None = None
-    # Worker cache mode: "record", "replay" or "off" (`routing.replay`).
+    # Worker cache mode: "record", "replay" or "off" (`routing.pools.replay`).
     replay: ReplayMode = "record"
     # Worker cache file; "" = OUT/worker_cache.jsonl.
     cache: str = ""
@@ -126,58 +126,27 @@ class BaselineConfig:
                              "--train-sets (or leave them out of --routers)")
 
 
-@dataclasses.dataclass(frozen=True)
-class CompareConfig:
-    """The comparison (module doc): `checkpoint` free and forced to each mode, the
-    `routers` baselines, and `router_r1` (a checkpoint, "" = none) with its own config.
-    `cache` "" = OUT/worker_cache.jsonl, shared by all. Other fields as `EvalConfig` and
-    `BaselineConfig`."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompareConfig(BaselineConfig):
+    """The comparison (module doc): the baselines' settings (`BaselineConfig`, whose fields
+    it takes as they are: the sets, the routers, the worker cache, the limit, ...), plus
+    `checkpoint` evaluated free and forced to each mode, and `router_r1` (a checkpoint,
+    "" = none) with its own config. `cache` "" = OUT/worker_cache.jsonl, shared by all."""
 
     # The trained router, evaluated free and forced to each mode (as `EvalConfig`).
     checkpoint: str
-    # Evaluation sets: record files or ``synthetic[:N[:SEED]]``; at least one.
-    sets: tuple[str, ...]
-    # Output directory of the whole table (module doc). Required.
-    out_dir: str
-    # Training sets of kNN/MLP; required when either is in `routers`.
-    train_sets: tuple[str, ...] = ()
-    # Baselines to run: distinct names from `BASELINE_NAMES`, at least one.
-    routers: tuple[str, ...] = BASELINE_NAMES
     # A Router-R1 checkpoint to add as a row; "" = none.
     router_r1: str = ""
-    # Worker of the "largest" baseline; None = the priciest offered worker.
-    largest_worker: str | None = None
-    # Worker cache mode: "record", "replay" or "off" (`routing.replay`).
-    replay: ReplayMode = "record"
-    # The one worker cache file of all rows; "" = OUT/worker_cache.jsonl.
-    cache: str = ""
-    # Only the first N evaluation questions over all sets, N >= 0; None = all.
-    limit: int | None = None
     # Episodes sampled together by the checkpoints, >= 0; 0 = data.batch_size ×
-    # data.group_size.
+    # data.group_size (as `EvalConfig.batch_size`).
     batch_size: int = 0
-    # Neighbours of the kNN baseline, >= 1.
-    k: int = 10
-    # Cost weight λ of kNN/MLP, per USD, >= 0 (0 = accuracy routing).
-    lambda_cost: float = 0.0
-    # Seed of the random baseline and the MLP's initialisation; any int.
-    seed: int = 0
-    # Sampling temperature of HTTP workers, >= 0 (not checked here).
-    worker_temperature: float = DEFAULT_TEMPERATURE
-    # Show progress bars while the checkpoints are evaluated.
+    # Show progress bars while the checkpoints are evaluated (as `EvalConfig.progress`).
     progress: bool = True
 
-    def __post_init__(self) -> None:
-        # Validate (as BaselineConfig does) before any row is evaluated, not when the
-        # baselines' turn comes.
-        self.baseline_options(self.cache)
-
     def baseline_options(self, cache: str) -> BaselineConfig:
-        return BaselineConfig(
-            sets=self.sets, out_dir=self.out_dir, train_sets=self.train_sets,
-            routers=self.routers, largest_worker=self.largest_worker, replay=self.replay,
-            cache=cache, limit=self.limit, k=self.k, lambda_cost=self.lambda_cost,
-            seed=self.seed, worker_temperature=self.worker_temperature)
+        """The baselines' part of these settings, with the comparison's worker `cache`."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(BaselineConfig)}
+        return BaselineConfig(**{**shared, "cache": cache})
 
     def eval_options(self, checkpoint: str, out_dir: Path, name: str, cache: str,
                      force_mode: Literal["single", "multi", "agentic"] | None = None

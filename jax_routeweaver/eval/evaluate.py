@@ -1,13 +1,13 @@
 """`evaluate(cfg, options)`: run a router checkpoint greedily over evaluation sets.
 
-As the reference's evaluation (docs/usage.md, "Evaluate and compare"): the router decodes
+As the original's evaluation (docs/usage.md, "Evaluate and compare"): the router decodes
 greedily, workers sample at temperature 0.2, one episode per question, verdicts from the real
 scorers (the benchmark verdict `correct`, not the training reward: a correct answer that ended
 in a violation counts as correct). The ``model`` (dtypes, runtime options), ``rollout``,
 ``workers`` and ``reward`` sections of the training config are used as in training
-(`rl.loop`'s builders), with the router's sampling made greedy; worker calls bill at the pool's
-price table (`pricing.pool_prices`: a channel file's prices, the reference table for the
-simulated pool), and the pool is checked before anything is written (`rl.pool_check`: every
+(`rl.run.loop`'s builders), with the router's sampling made greedy; worker calls bill at the pool's
+price table (`pricing.pool_prices`: a channel file's prices, the original price table for the
+simulated pool), and the pool is checked before anything is written (`rl.run.pool_check`: every
 offered worker priced; unless the run only replays, keys set and endpoints serving the
 configured models). Forcing a mode (`EvalConfig.force_mode`) injects the declaration the way
 the curriculum's forced arm does, which gives the fixed-paradigm baselines.
@@ -29,7 +29,7 @@ Output directory:
                       ``forced``, ``infra``, ``violation``, ``finish``, ``summarizer_answer``,
                       ``cost_complete``, ``em``, ``f1``, ``turns``), appended per batch
     eval.json         what was evaluated (checkpoint, step, sets, mode, config)
-    worker_cache.jsonl the record/replay cache (`routing.replay`), unless placed elsewhere
+    worker_cache.jsonl the record/replay cache (`routing.pools.replay`), unless placed elsewhere
     summary.json/.md, mode_shares.png, accuracy_vs_cost.png   (`report.write_summary`)
 
 Resumable: rows already in ``rows.jsonl`` (by dataset + sample_id) are skipped, so a crash
@@ -64,33 +64,33 @@ from jax_routeweaver.data.record_files import QuestionLimit, ReadStats, read_rec
 from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 from jax_routeweaver.eval import report
 from jax_routeweaver.rewards.sandbox import configure_default_sandbox
-from jax_routeweaver.rl.builders import (
+from jax_routeweaver.rl.run.builders import (
     build_pool,
     dialect_for,
 )
-from jax_routeweaver.rl.pool_check import check_run_pool
-from jax_routeweaver.rl.preflight import run_isolation
-from jax_routeweaver.rl.router_checkpoint import (
+from jax_routeweaver.rl.run.pool_check import check_run_pool
+from jax_routeweaver.rl.run.preflight import run_isolation
+from jax_routeweaver.rl.run.router_checkpoint import (
     RouterCheckpoint,
     checkpoint_question_limit,
     greedy_config,
     load_router_sampler,
     resolve_checkpoint,
 )
-from jax_routeweaver.rl.train_config import TrainConfig
-from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
-from jax_routeweaver.routing.channels import load_channels
-from jax_routeweaver.routing.episode import run_episodes_async
-from jax_routeweaver.routing.pricing import WorkerPrice, billable_tokens
-from jax_routeweaver.routing.replay import (
+from jax_routeweaver.rl.run.train_config import TrainConfig
+from jax_routeweaver.routing.episodes.episode import run_episodes_async
+from jax_routeweaver.routing.pools.channels import load_channels
+from jax_routeweaver.routing.pools.pricing import WorkerPrice, billable_tokens
+from jax_routeweaver.routing.pools.replay import (
     REPLAY_MODES,
     ReplayMode,
     ReplayPool,
     ReplayStats,
     http_identity,
 )
-from jax_routeweaver.routing.synthetic_tasks import synthetic_tasks
-from jax_routeweaver.routing.workers import DEFAULT_TEMPERATURE, HttpWorkerPool
+from jax_routeweaver.routing.pools.workers import DEFAULT_TEMPERATURE, HttpWorkerPool
+from jax_routeweaver.routing.protocol.calls import WorkerCall, WorkerPool
+from jax_routeweaver.routing.simulated.tasks import synthetic_tasks
 
 CACHE_FILE = "worker_cache.jsonl"
 SYNTHETIC = "synthetic"
@@ -114,7 +114,7 @@ def check_run_options(sets: Sequence[str], replay: str, limit: int | None) -> No
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """One evaluation. `sets`: record files or ``synthetic[:N[:SEED]]``. `replay`: the
-    worker cache mode (`routing.replay`); `cache`: its file ("" = OUT/worker_cache.jsonl).
+    worker cache mode (`routing.pools.replay`); `cache`: its file ("" = OUT/worker_cache.jsonl).
     `limit`: evaluate only the first N questions over all sets (a later run without it
     does the rest). `batch_size`: episodes sampled together (0 = data.batch_size ×
     data.group_size, the loop's rollout batch). `name`: the router's name in rows and
@@ -130,7 +130,7 @@ class EvalConfig:
     # Force every episode into this mode ("single", "multi" or "agentic"); None = free
     # routing. Not allowed with the Router-R1 dialect.
     force_mode: Literal["single", "multi", "agentic"] | None = None
-    # Worker cache mode (`routing.replay`): "record", "replay" (offline, a miss is an
+    # Worker cache mode (`routing.pools.replay`): "record", "replay" (offline, a miss is an
     # error) or "off" (no cache).
     replay: ReplayMode = "record"
     # Worker cache file; "" = OUT/worker_cache.jsonl. Unused with replay="off".
@@ -143,7 +143,7 @@ class EvalConfig:
     name: str = ""
     # Sampling temperature of HTTP workers, >= 0 (not checked here; unused by the simulated
     # pool).
-    worker_temperature: float = DEFAULT_TEMPERATURE  # the reference's worker temperature
+    worker_temperature: float = DEFAULT_TEMPERATURE  # the original's worker temperature
     # Show a progress bar while evaluating.
     progress: bool = True
 
@@ -330,7 +330,7 @@ class _Runner:
         # As the loop does: the first round samples the whole batch.
         router = load_router_sampler(cfg, ckpt, records, pool, batch_size, out)
         self.sidecar, self.sampler = router.sidecar, router.sampler
-        # The dialect's episodes and scorer, as in training (`rl.dialect`).
+        # The dialect's episodes and scorer, as in training (`rl.run.dialect`).
         self.dialect = dialect_for(self.cfg)
         self.dialect.start(router.tokenizer, pool, router.eos)
         self.loop = asyncio.new_event_loop()
@@ -338,7 +338,7 @@ class _Runner:
     def run(self, batch: list[Record]) -> tuple[list[Any], list[Any]]:
         """(trajectories, rewards) of one episode per record, in order."""
         # Router-R1 costs its calls with its own price table (in its scorer), as in training;
-        # the others at the pool's table (the channel file's, or the reference's).
+        # the others at the pool's table (the channel file's, or the original's).
         trajs = self.loop.run_until_complete(run_episodes_async(
             batch, self.sampler, self.pool, self.dialect.make_env,
             prices=self.dialect.prices(self.pool)))

@@ -1,7 +1,7 @@
 """`measure_favourites`: which execution mode the worker pool favours, per domain, measured.
 
 For a run config (and optionally a trained checkpoint) it takes the run's own training
-questions (`rl.builders.build_records`), the first ``per_domain`` of each domain present, and
+questions (`rl.run.builders.build_records`), the first ``per_domain`` of each domain present, and
 runs every question ``samples`` times forced to each mode (``single``, ``multi``,
 ``agentic``; the declaration is injected as the curriculum's forced arm does, so the router
 only executes the mode). The router samples at ``rollout.temperature`` with the config's
@@ -59,23 +59,23 @@ from jax_routeweaver.config import redact_secrets, to_dict
 from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 from jax_routeweaver.models.sharding import make_mesh
 from jax_routeweaver.rewards.reward import Rewards, score_batch
-from jax_routeweaver.rl.builders import (
+from jax_routeweaver.rl.run.builders import (
     build_policy,
     build_pool,
     build_records,
     build_sampler,
     build_tokenizer,
 )
-from jax_routeweaver.rl.router_checkpoint import (
+from jax_routeweaver.rl.run.router_checkpoint import (
     load_router,
     load_router_tokenizer,
     resolve_checkpoint,
 )
-from jax_routeweaver.rl.routeweaver_run import env_config, reward_config
-from jax_routeweaver.rl.train_config import TrainConfig
-from jax_routeweaver.routing.episode import Trajectory, run_episodes_async
-from jax_routeweaver.routing.pricing import pool_prices
-from jax_routeweaver.routing.routeweaver_env import routeweaver_envs
+from jax_routeweaver.rl.run.routeweaver_run import env_config, reward_config
+from jax_routeweaver.rl.run.train_config import TrainConfig
+from jax_routeweaver.routing.episodes.episode import Trajectory, run_episodes_async
+from jax_routeweaver.routing.episodes.routeweaver_env import routeweaver_envs
+from jax_routeweaver.routing.pools.pricing import pool_prices
 
 MODES: tuple[str, ...] = FORCED_MODES  # single, multi, agentic: the order ties resolve in
 JSON_FILE = "favourites.json"
@@ -458,8 +458,8 @@ def measure_favourites(cfg: TrainConfig, *, checkpoint: str | None = None,
     question and mode; `seed`: the router's sampling seed (batch b reseeds with
     ``seed * 1_000_003 + b``). Episodes run in batches of about ``data.batch_size ×
     data.group_size``; worker calls bill at the pool's table (`pricing.pool_prices`: the
-    channel file's prices, the reference's for the simulated pool). ValueError
-    (`check_options`) before anything is built; PoolCheckError (`rl.pool_check`, through
+    channel file's prices, the original's for the simulated pool). ValueError
+    (`check_options`) before anything is built; PoolCheckError (`rl.run.pool_check`, through
     `build_pool`) naming a worker that is unpriced, unreachable or not serving its model."""
     check_options(cfg, per_domain=per_domain, samples=samples)
     console = console or Console()
@@ -487,7 +487,7 @@ def measure_favourites(cfg: TrainConfig, *, checkpoint: str | None = None,
     alpha = float(cfg.reward.alpha)
     reward_cfg = reward_config(cfg)
     make_env = routeweaver_envs(tokenizer, pool, env_config(cfg, eos))
-    prices = pool_prices(pool)  # the channel file's, or the reference table (simulated)
+    prices = pool_prices(pool)  # the channel file's, or the original price table (simulated)
 
     work = [q.replace(forced_mode=mode) for mode in MODES for q in questions]
     per_batch = max(1, cfg.data.batch_size * cfg.data.group_size // samples)

@@ -16,7 +16,7 @@ A dump (``rows.jsonl``) holds one JSON object per evaluated question with at lea
     dataset_avg        = mean of the dataset accuracies
   where domains, avg and dataset_avg take the rows of Table 1's nine benchmarks only
   (`in_table1`): PopQA and the SuperGPQA/SATBench rows of the ``eval_600_free`` set are
-  left out of them, as the reference's evaluation does, while the per-dataset table keeps
+  left out of them, as the original's evaluation does, while the per-dataset table keeps
   every row; `avg_covers` names the (set, dataset) pairs the averages cover and
   `avg_excluded` counts the rows left out. Synthetic and custom sets are covered whole.
     mode_shares[m]     = share of rows whose mode is m ("none": no mode was declared), over
@@ -73,7 +73,7 @@ ACCURACY_VS_COST_PNG = "accuracy_vs_cost.png"
 META_FILE = "eval.json"
 
 
-# Rows the reference's evaluation leaves out of Table 1's averages, by (evaluation set stem,
+# Rows the original's evaluation leaves out of Table 1's averages, by (evaluation set stem,
 # dataset); "*" = any set.
 TABLE1_EXCLUDED: frozenset[tuple[str, str]] = frozenset({
     ("*", "popqa"), ("eval_600_free", "supergpqa"), ("eval_600_free", "satbench")})

@@ -7,8 +7,8 @@ training loop grades a single-mode answer (the reply is the answer: its `<answer
 `\\boxed{}` or last line; code rows try its programs) ->
 `correct[r, w]`, `infra[r, w]` (call failed or grading raised: never a wrong answer),
 `cost_usd[r, w] = (in × p_in + out × p_out) / 1e6` at the pool's price table
-(`routing.pricing.pool_prices`: a channel file's prices, the reference table for the
-simulated pool).
+(`routing.pools.pricing.pool_prices`: a channel file's prices, the original price table for
+the simulated pool).
 The pool is any `WorkerPool`; a caching pool (record/replay) makes reruns free. Every
 baseline (`eval.baselines`) routes over the same `WorkerOutcomes`, so all of them see the same
 replies, scorers and prices; `WorkerOutcomes.row` gives the evaluator row (`ROW_KEYS`) of one
@@ -27,17 +27,17 @@ import numpy as np
 
 from jax_routeweaver.data.records import CODE_SCORER_DATASETS, Record
 from jax_routeweaver.rewards.reward import CodeScorerMode, Verdict, candidate_programs, judge
-from jax_routeweaver.routing.answers import extract_answer
-from jax_routeweaver.routing.calls import WorkerCall, WorkerPool
-from jax_routeweaver.routing.episode import Trajectory
-from jax_routeweaver.routing.pricing import (
+from jax_routeweaver.routing.episodes.episode import Trajectory
+from jax_routeweaver.routing.pools.pricing import (
     Prices,
     billable_tokens,
     pool_prices,
     trajectory_cost,
     verify_pool,
 )
-from jax_routeweaver.routing.prompts import single_multi_payload
+from jax_routeweaver.routing.protocol.answers import extract_answer
+from jax_routeweaver.routing.protocol.calls import WorkerCall, WorkerPool
+from jax_routeweaver.routing.protocol.prompts import single_multi_payload
 
 __all__ = [
     "ROW_KEYS",
@@ -166,7 +166,7 @@ async def acollect_worker_outcomes(
 
     `workers`: default all of `pool.worker_ids()`, in catalog order; every one must be priced
     in `prices` (default: the pool's own table, `pricing.pool_prices`: a channel file's
-    prices, the reference table for the simulated pool; PricingError otherwise: a
+    prices, the original price table for the simulated pool; PricingError otherwise: a
     baseline's cost must never read as free). At most
     `concurrency` calls are in flight and `grade_concurrency` gradings run in threads (code
     verdicts run programs in child processes). A failed call is an infra cell, not wrong.

@@ -1,7 +1,7 @@
 """The on-disk layout of one orbax policy step, readable without building a model.
 
 A step directory `CKPT_DIR/<step>/` holds two orbax items: `params` (our parameter tree,
-StandardSave) and `model_config` (JSON: `config_to_json`). `rl.checkpoint.PolicyCheckpointer`
+StandardSave) and `model_config` (JSON: `config_to_json`). `rl.run.checkpoint.PolicyCheckpointer`
 writes and restores steps into a model; `read_step` gives host arrays, for readers that only
 map names (the vLLM weight-sync worker extension).
 """

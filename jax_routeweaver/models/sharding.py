@@ -129,13 +129,6 @@ def _map_params(module: nnx.Module, fn) -> None:
     nnx.update(module, state)
 
 
-def shard_model(module: nnx.Module, mesh: Mesh, rules: Rules = TRAIN_RULES) -> nnx.Module:
-    """Place every parameter of `module` (in place) on `mesh` by `rules`; returns the module."""
-    specs = param_specs(module, rules, mesh)
-    _map_params(module, lambda p, v: jax.device_put(v, NamedSharding(mesh, specs[p])))
-    return module
-
-
 def create_sharded(constructor, mesh: Mesh, rules: Rules = TRAIN_RULES) -> nnx.Module:
     """Build `constructor()` with every parameter born sharded (never whole on one device)."""
     specs = param_specs(nnx.eval_shape(constructor), rules, mesh)

@@ -6,8 +6,8 @@
 * the router's architecture (its HF ``config.json``, or the random-init fields);
 * the per-device memory of one update and one logprob pass, compiled for these devices with
   abstract arrays (`planning.memory`) — on a TPU or GPU host this is the real compiler's analysis;
-* the worker pool, checked as the run checks it before step 1 (`rl.pool_check`): every
-  offered worker priced in the run's table (the channel file's prices, the reference table
+* the worker pool, checked as the run checks it before step 1 (`rl.run.pool_check`): every
+  offered worker priced in the run's table (the channel file's prices, the original price table
   for the simulated pool, Router-R1's for a router_r1 run), and for a channel pool each
   offered worker's endpoint reachable (``GET {base_url}/models``) and serving its configured
   model name; an API key named by a channel must be set (its value is never printed or sent
@@ -44,10 +44,10 @@ from jax_routeweaver.planning.memory import (
 )
 from jax_routeweaver.planning.rollout import RolloutSettings, RolloutShape, replica_dtype
 from jax_routeweaver.planning.step import StepPlan, TrainFigures, step_plan
-from jax_routeweaver.rl.builders import router_architecture
-from jax_routeweaver.rl.checkpoint import StateCheckpointer
-from jax_routeweaver.rl.pool_check import pool_checks
-from jax_routeweaver.rl.train_config import TrainConfig
+from jax_routeweaver.rl.run.builders import router_architecture
+from jax_routeweaver.rl.run.checkpoint import StateCheckpointer
+from jax_routeweaver.rl.run.pool_check import pool_checks
+from jax_routeweaver.rl.run.train_config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,7 @@ def input_checks(cfg: TrainConfig) -> list[Check]:
 
 def endpoint_checks(cfg: TrainConfig, *, timeout_s: float = 5.0,
                     env: dict[str, str] | None = None) -> list[Check]:
-    """The worker pool's checks (`rl.pool_check.pool_checks`, the run's own: prices, keys,
+    """The worker pool's checks (`rl.run.pool_check.pool_checks`, the run's own: prices, keys,
     endpoints and served model names; a simulated pool's only when they fail) and the
     reachability of an attached vLLM sidecar (see the module docstring)."""
     env = dict(os.environ) if env is None else env

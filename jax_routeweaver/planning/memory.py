@@ -43,11 +43,11 @@ from jax.sharding import PartitionSpec as P
 from jax_routeweaver.models.config import ModelConfig
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import TRAIN_RULES, Rules, make_mesh, param_specs
-from jax_routeweaver.rl import losses
-from jax_routeweaver.rl.estimators import ESTIMATORS
-from jax_routeweaver.rl.learner_config import LossConfig, OptimConfig
-from jax_routeweaver.rl.support import SupportBatch
-from jax_routeweaver.rl.trainer import StepBatch, Trainer
+from jax_routeweaver.rl.core import losses
+from jax_routeweaver.rl.core.estimators import ESTIMATORS
+from jax_routeweaver.rl.core.support import SupportBatch
+from jax_routeweaver.rl.learner.learner_config import LossConfig, OptimConfig
+from jax_routeweaver.rl.learner.trainer import StepBatch, Trainer
 
 GIB = 2**30
 HEADROOM = 0.10  # share of device memory kept free for what the CPU estimate misses
@@ -310,7 +310,7 @@ def _support_shapes(shape: StepShape, mesh: Mesh) -> SupportBatch:
 
 
 # ---------------------------------------------------------------------------- from a config
-PROMPT_TOKENS = 6144  # the reference's max_prompt_length; rows are prompt + response
+PROMPT_TOKENS = 6144  # the original's max_prompt_length; rows are prompt + response
 
 
 def config_shape(cfg: Any, *, rows_per_device: int = 1, length: int | None = None,

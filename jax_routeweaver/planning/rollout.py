@@ -11,7 +11,8 @@ The rollout engine, per device, by ``rollout.sampler`` / ``rollout.kv_cache``:
   dtypes; :func:`replica_dtype` is the one place to change if an engine casts), laid out by
   ``SAMPLE_RULES`` (tensor parallel, replicated over data and fsdp) on the sampler's mesh: the
   training mesh on one host, each host's own devices with the same tensor degree when it
-  divides them (else 1) on several (``rl.replica.sampler_mesh_shape``). The replica stays between
+  divides them (else 1) on several (``rl.run.replica.sampler_mesh_shape``). The replica stays
+  between
   rollouts (``kept``).
 * ``jax`` + ``dense``: every row of a host's first round at once (``ceil(batch / hosts) x K``),
   each with a ``prompt + max_new_tokens``-slot cache: ``rows x (prompt + max_new_tokens) x 2 x
@@ -60,7 +61,7 @@ from jax_routeweaver.models.paged_attention import attention_path
 from jax_routeweaver.models.qwen3 import Qwen3
 from jax_routeweaver.models.sharding import SAMPLE_RULES, Rules
 from jax_routeweaver.planning.memory import GIB, PROMPT_TOKENS, Target
-from jax_routeweaver.rl.distributed import rows_per_host
+from jax_routeweaver.rl.run.distributed import rows_per_host
 from jax_routeweaver.sampling.paged_options import MIN_WIDTH, PREFILL_TOKENS, PagedConfig
 
 Engine = Literal["dense", "paged", "vllm"]
@@ -321,7 +322,7 @@ class SamplerMesh:
     def of(cls, target: Target, train_mesh: Sequence[int]) -> SamplerMesh:
         """One host: the training mesh. Several: each host's devices, tensor parallel over the
         training mesh's tensor degree when it divides them (else 1), as
-        ``rl.replica.sampler_mesh_shape``."""
+        ``rl.run.replica.sampler_mesh_shape``."""
         data, fsdp, tensor = train_mesh
         if target.hosts == 1:
             return cls(data * fsdp, tensor)

@@ -2,9 +2,9 @@
 
 The episode runner calls `aexecution_verdict` on every successful executor reply and, when it
 returns a text, prepends it to the observation body and to the node output. The environment
-reaches it through its port (`routing.routeweaver_env.ExecutionFeedback`), which
+reaches it through its port (`routing.episodes.routeweaver_env.ExecutionFeedback`), which
 `execution_feedback` binds to a sandbox; the run and the server bind it when
-`rollout.execution_feedback` is on. Texts, exactly as the reference writes them:
+`rollout.execution_feedback` is on. Texts, exactly as the original code writes them:
 
 CODE rows (`scorer_dataset` in stdin / apps_functional / livecodebench / taco_mm, with
 `meta.tests`): the reply is graded by the row's code scorer against the same hidden tests as
@@ -22,7 +22,7 @@ or untagged is run (10 s) and, with no comparison to the gold answer --
     "[calc] the program printed:\\n<stdout, at most 600 chars>"
     "[calc] the program errored: <last stderr line, at most 300 chars>"
     "[calc] the program ran but printed nothing."
-    "[calc] the program timed out after 10 s."   (the reference's wording is not recorded)
+    "[calc] the program timed out after 10 s."   (the original's wording is not recorded)
 A reply without such a block gets no text.
 
 Other roles, other datasets and CODE rows without tests get None. A failure of the sandbox
@@ -49,7 +49,7 @@ from jax_routeweaver.rewards.scorers.code import (
     aevaluate_code,
     fenced_blocks,
 )
-from jax_routeweaver.routing.routeweaver_env import ExecutionFeedback
+from jax_routeweaver.routing.episodes.routeweaver_env import ExecutionFeedback
 
 __all__ = [
     "CALC_STDOUT_CHARS",

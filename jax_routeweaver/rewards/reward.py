@@ -1,6 +1,6 @@
 """RouteWeaver's verdict, failure classification, task reward and efficiency reward.
 
-As the reference's TaskRewardManager and CostRewardManager (docs/algorithm.md, "Rewards").
+As the original's TaskRewardManager and CostRewardManager (docs/algorithm.md, "Rewards").
 
 Verdict (`judge`): non-code rows score the router's answer and the agentic summarizer's answer
 (each when non-empty) and are correct if either is. Code rows try candidate programs in order,
@@ -42,9 +42,9 @@ from typing import Any, Literal
 from jax_routeweaver.data.records import CODE_SCORER_DATASETS
 from jax_routeweaver.rewards.sandbox import IsolationUnavailable
 from jax_routeweaver.rewards.scorers.registry import ScoreResult, score
-from jax_routeweaver.routing.episode import Trajectory
-from jax_routeweaver.routing.pricing import C_REF_USD, cost_score
-from jax_routeweaver.routing.violations import SELECTOR_VIOLATIONS, Violation
+from jax_routeweaver.routing.episodes.episode import Trajectory
+from jax_routeweaver.routing.pools.pricing import C_REF_USD, cost_score
+from jax_routeweaver.routing.protocol.violations import SELECTOR_VIOLATIONS, Violation
 
 Scorer = Callable[[str, str, Sequence[str], Mapping[str, Any] | None], ScoreResult]
 CodeScorerMode = Literal["union", "final"]
@@ -66,7 +66,7 @@ INFRA_KINDS = frozenset({WRAPPER_ERROR, EXECUTION_TIMEOUT, PROVIDER_ERROR, SANDB
 WRAPPER_MARKERS: tuple[str, ...] = ("loop_error", "wrapper_error")
 IN_LOOP_SANDBOX_MARKERS: tuple[str, ...] = ("exec_sandbox_error",)
 SUMMARIZER_ROLE = "summarizer"
-SUMMARIZER_OUTPUT_CHARS = 24_000  # the reference keeps the first 24000 chars of the reply
+SUMMARIZER_OUTPUT_CHARS = 24_000  # the original keeps the first 24000 chars of the reply
 S_COST_UNAVAILABLE = -1.0
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
@@ -187,7 +187,7 @@ def code_candidates(text: str | None) -> list[str]:
 
 def candidate_programs(traj: Trajectory, code_scorer: CodeScorerMode = "union"
                        ) -> list[tuple[str, str]]:
-    """(source, program) pairs in reference order, each program once: the router's final turn
+    """(source, program) pairs in the original's order, each program once: the router's final turn
     (its last `<answer>` body, then its last fenced block; the bare answer when the turn text
     is not kept), then the summarizer reply, then (union) every successful worker reply that
     contains a fence."""

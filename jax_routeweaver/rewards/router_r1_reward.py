@@ -1,6 +1,6 @@
 """Router-R1's hierarchical reward (docs/router_r1.md), with its cost window as state.
 
-Exactly as Router-R1's reference code computes it, per trajectory, on the decoded response
+Exactly as Router-R1's original code computes it, per trajectory, on the decoded response
 (policy text and observations, no prompt):
 
     F = 0 if `router_r1.format_violations(response)` is empty else −1         (format check)
@@ -18,7 +18,7 @@ successful call without a plausible usage report) leaves the window alone, gets 
 raw cost None, and is infra for the trainer (`rl/router_r1_run.as_rewards`). Raw cost is
 Router-R1's: completion tokens × $/1M of every successful call, i.e. micro-dollars
 (`router_r1_raw_cost`, as Router-R1's cost accounting).
-Keep separate train and validation windows (the reference shares one module-global window and
+Keep separate train and validation windows (the original shares one module-global window and
 never checkpoints it; docs/paper_configs.md, "configs/router_r1.yaml"); save each with
 `state_dict()`.
 """
@@ -33,12 +33,12 @@ import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from jax_routeweaver.routing import router_r1 as r1
-from jax_routeweaver.routing.calls import WorkerCall
-from jax_routeweaver.routing.pricing import PricingError, percentile_linear
+from jax_routeweaver.routing.pools.pricing import PricingError, percentile_linear
+from jax_routeweaver.routing.protocol import router_r1 as r1
+from jax_routeweaver.routing.protocol.calls import WorkerCall
 
 if TYPE_CHECKING:
-    from jax_routeweaver.routing.episode import Trajectory
+    from jax_routeweaver.routing.episodes.episode import Trajectory
 
 Metric = Literal["em", "f1"]
 

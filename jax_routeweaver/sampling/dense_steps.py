@@ -21,13 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_routeweaver.models.qwen3 import KVCache, Qwen3, init_cache
 from jax_routeweaver.models.sharding import ShardingError, logical_to_spec
-from jax_routeweaver.sampling.constraints import unpack_bitmask
-from jax_routeweaver.sampling.sample_ops import (
-    choice_advance,
-    choice_mask,
-    sample_logits,
-    stop_token_mask,
-)
+from jax_routeweaver.sampling.decode_step import pick_next, step_masks
 
 FlatParams = dict[tuple[Any, ...], jax.Array]
 
@@ -210,11 +204,7 @@ class DenseSteps:
         "mask" (`args.allowed` for this step) or "choice" (masks from the tries in `args`)."""
         self.trace_count += 1
         model = self._merge(params)
-        pad = self._pad_id
-        V = self.config.vocab_size
-        allowed = unpack_bitmask(args.allowed, V) if grammar == "mask" else None
-        # Stop tokens as a [V] mask (-1 padding dropped): a complete option may end on one.
-        is_stop = stop_token_mask(args.stop_ids, V)
+        masks = step_masks(args, self.config.vocab_size, grammar)
 
         def cond(s: DecodeState) -> jax.Array:
             return (s.step < jnp.minimum(limit, args.max_new)) & ~jnp.all(s.done)
@@ -223,20 +213,9 @@ class DenseSteps:
 
         def body(s: DecodeState) -> DecodeState:
             keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, s.step)
-            mask = allowed
-            if grammar == "choice":
-                mask, kids, at = choice_mask(s.node, args.choice_token, args.choice_stop,
-                                             is_stop)
-            tok, lp = sample_logits(s.logits, keys, args.temperature, args.top_k, args.top_p,
-                                    greedy=greedy, truncate=truncate, allowed=mask)
-            active = ~s.done
-            tok = jnp.where(active, tok, pad)
-            lp = jnp.where(active, lp, 0.0)
-            hit = active & jnp.any(tok[:, None] == args.stop_ids[None, :], axis=-1)
-            node, ended = s.node, jnp.zeros_like(hit)
-            if grammar == "choice":
-                node, ended = choice_advance(s.node, tok, active, kids, at, args.choice_child,
-                                             args.choice_end)
+            p = pick_next(s.logits, keys, s.done, s.node, args, masks, pad=self._pad_id,
+                          greedy=greedy, truncate=truncate, grammar=grammar)
+            tok, lp, active, hit = p.token, p.logprob, p.active, p.stopped
             hidden, cache = model.hidden_states(
                 tok[:, None], (s.prompt_lens + s.step)[:, None],
                 jnp.ones((tok.shape[0], 1), bool), s.cache)
@@ -245,7 +224,7 @@ class DenseSteps:
                 jax.lax.dynamic_update_slice(s.tokens, tok[:, None], (0, s.step)),
                 jax.lax.dynamic_update_slice(s.logprobs, lp[:, None], (0, s.step)),
                 s.lengths + active.astype(jnp.int32), s.prompt_lens,
-                s.done | hit | ended | (s.step + 1 >= args.max_new), s.stopped | hit, node,
+                s.done | hit | p.ended | (s.step + 1 >= args.max_new), s.stopped | hit, p.node,
                 s.step + 1)
             return self._constrain(new)
 

@@ -48,16 +48,11 @@ from jax_routeweaver.models.paged_attention import (
 )
 from jax_routeweaver.models.sharding import SAMPLE_RULES, Rules, ShardingError, logical_to_spec
 from jax_routeweaver.sampling.base import Completion, Decode, SamplingParams
-from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints, unpack_bitmask
+from jax_routeweaver.sampling.constraints import Grammar, GrammarConstraints
+from jax_routeweaver.sampling.decode_step import pick_next, step_masks
 from jax_routeweaver.sampling.paged_cache import PageCache
 from jax_routeweaver.sampling.paged_options import PagedConfig, kv_bytes_per_token, pool_pages
 from jax_routeweaver.sampling.paged_scheduler import CallStats, PagedCall, Slots, StepArgs
-from jax_routeweaver.sampling.sample_ops import (
-    choice_advance,
-    choice_mask,
-    sample_logits,
-    stop_token_mask,
-)
 
 FlatParams = dict[tuple[Any, ...], jax.Array]
 
@@ -233,8 +228,7 @@ class PagedEngine:
         B, V = table.shape[0], logits.shape[1]
         logits = every[:B]
         pad = self.pad_id
-        allowed = unpack_bitmask(args.allowed, V) if grammar == "mask" else None
-        is_stop = stop_token_mask(args.stop_ids, V)
+        masks = step_masks(args, V, grammar)
         row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(args.key, slots.rows)
 
         def cond(c: tuple) -> jax.Array:
@@ -243,26 +237,15 @@ class PagedEngine:
         def body(c: tuple) -> tuple:
             i, pool, logits, s, toks, lps = c
             keys = jax.vmap(jax.random.fold_in)(row_keys, s.steps)
-            mask = allowed
-            if grammar == "choice":
-                mask, kids, at = choice_mask(s.node, args.choice_token, args.choice_stop,
-                                             is_stop)
-            tok, lp = sample_logits(logits, keys, args.temperature, args.top_k, args.top_p,
-                                    greedy=greedy, truncate=truncate, allowed=mask)
-            active = ~s.done
-            tok = jnp.where(active, tok, pad)
-            lp = jnp.where(active, lp, 0.0)
-            hit = active & jnp.any(tok[:, None] == args.stop_ids[None, :], axis=-1)
-            node, ended = s.node, jnp.zeros_like(hit)
-            if grammar == "choice":
-                node, ended = choice_advance(s.node, tok, active, kids, at, args.choice_child,
-                                             args.choice_end)
+            p = pick_next(logits, keys, s.done, s.node, args, masks, pad=pad, greedy=greedy,
+                          truncate=truncate, grammar=grammar)
+            tok, lp, active, hit = p.token, p.logprob, p.active, p.stopped
             hidden, pool = model.hidden_states_paged(
                 tok[:, None], s.lengths[:, None], pool, table, s.lengths + 1, active[:, None],
                 kernel=self._kernel)
             n = s.steps + active.astype(jnp.int32)
             s = Slots(s.lengths + active.astype(jnp.int32), n, s.rows,
-                      s.done | hit | ended | (n >= args.max_new), s.stopped | hit, node)
+                      s.done | hit | p.ended | (n >= args.max_new), s.stopped | hit, p.node)
             return (i + 1, self._constrain(pool), model.logits(hidden[:, 0]), s,
                     toks.at[:, i].set(tok), lps.at[:, i].set(lp))
 

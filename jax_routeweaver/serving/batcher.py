@@ -1,6 +1,6 @@
 """One router sampler shared by every request: concurrent turns sampled as one batch.
 
-Each request runs its own episode (`routing.episode.run_episodes_async`); when its router
+Each request runs its own episode (`routing.episodes.episode.run_episodes_async`); when its router
 must speak it awaits `BatchingSampler.agenerate`. The batcher queues the turn; a single
 drain task takes everything queued, groups it by `SamplingParams` and runs one
 `Sampler.generate` per group on one background thread (the sampler is not thread-safe, and

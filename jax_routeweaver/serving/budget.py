@@ -13,7 +13,7 @@ attempt is refused (``over_budget``, the router observes a failed call and the r
 kept for the routing record); a retry that does not fit ends its call the same way (failed,
 ``over_budget (attempts: ...)``, no fallback). When an attempt ends, its
 reservation becomes its bill, by the one rule training and evaluation bill by
-(`routing.pricing`): its reported usage if plausible, else its worst case (a request that
+(`routing.pools.pricing`): its reported usage if plausible, else its worst case (a request that
 timed out or was cancelled after it was sent, a reply without usage), nothing if it never
 reached the worker. So what the workers can bill never exceeds `max_cost`, and the record's
 cost is never below it.
@@ -36,8 +36,13 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from jax_routeweaver.routing.calls import OVER_BUDGET, PoolView, Usage, WorkerCall
-from jax_routeweaver.routing.pricing import Prices, billable_tokens, tokens_cost, usage_unknown
+from jax_routeweaver.routing.pools.pricing import (
+    Prices,
+    billable_tokens,
+    tokens_cost,
+    usage_unknown,
+)
+from jax_routeweaver.routing.protocol.calls import OVER_BUDGET, PoolView, Usage, WorkerCall
 
 CANCELLED = "cancelled"
 
@@ -95,7 +100,8 @@ class LedgerEntry:
 
 
 class _Meter:
-    """One call's `routing.calls.AttemptMeter` over its request's budget and ledger entry."""
+    """One call's `routing.protocol.calls.AttemptMeter` over its request's budget and ledger
+    entry."""
 
     def __init__(self, budget: BudgetedPool, entry: LedgerEntry):
         self.budget, self.entry = budget, entry

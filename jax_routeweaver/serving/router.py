@@ -33,17 +33,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jax_routeweaver.data.records import FORCED_MODES, UNSCORED, Record
-from jax_routeweaver.routing import prompts
-from jax_routeweaver.routing.answers import extract_answer
-from jax_routeweaver.routing.calls import PoolView, Usage, WorkerCall
-from jax_routeweaver.routing.episode import (
+from jax_routeweaver.routing.episodes.episode import (
     SOURCE_ENV,
     EnvFactory,
     Trajectory,
     run_episodes_async,
 )
-from jax_routeweaver.routing.pricing import Prices
-from jax_routeweaver.routing.routeweaver_env import EnvConfig, routeweaver_envs
+from jax_routeweaver.routing.episodes.routeweaver_env import EnvConfig, routeweaver_envs
+from jax_routeweaver.routing.pools.pricing import Prices
+from jax_routeweaver.routing.protocol import prompts
+from jax_routeweaver.routing.protocol.answers import extract_answer
+from jax_routeweaver.routing.protocol.calls import PoolView, Usage, WorkerCall
 from jax_routeweaver.serving.budget import BudgetedPool, WorkerFailed
 
 # The task the fallback's direct call carries (a single-mode payload).
@@ -126,7 +126,7 @@ def warm_up_reply(tokenizer: Any, tokens: int) -> str:
 class RouterService:
     """Routes requests with one tokenizer, one (batching) sampler and one worker pool.
 
-    `config`: the RouteWeaver environment of the checkpoint's run (`rl.routeweaver_run.
+    `config`: the RouteWeaver environment of the checkpoint's run (`rl.run.routeweaver_run.
     env_config`, greedy); `served`: the worker ids requests may use (default: the config's
     offered, else the pool's); `prices`: the table calls are billed at; `fallbacks`: worker ->
     fallback worker (the channel file's)."""

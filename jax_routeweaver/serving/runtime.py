@@ -17,17 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jax_routeweaver.rl.pool_check import check_run_pool
-from jax_routeweaver.rl.router_checkpoint import (
+from jax_routeweaver.rl.run.pool_check import check_run_pool
+from jax_routeweaver.rl.run.router_checkpoint import (
     checkpoint_config,
     greedy_config,
     load_router_sampler,
     resolve_checkpoint,
 )
-from jax_routeweaver.rl.routeweaver_run import env_config
-from jax_routeweaver.rl.train_config import TrainConfig, load_train_config
-from jax_routeweaver.routing.channels import load_channels
-from jax_routeweaver.routing.workers import HttpWorkerPool
+from jax_routeweaver.rl.run.routeweaver_run import env_config
+from jax_routeweaver.rl.run.train_config import TrainConfig, load_train_config
+from jax_routeweaver.routing.pools.channels import load_channels
+from jax_routeweaver.routing.pools.workers import HttpWorkerPool
 from jax_routeweaver.serving.batcher import BatchingSampler
 from jax_routeweaver.serving.config import ServeConfig
 from jax_routeweaver.serving.metrics import ServeMetrics
@@ -71,7 +71,7 @@ def build_runtime(cfg: TrainConfig, ckpt: Any, options: ServeConfig, *,
                   metrics: ServeMetrics | None = None, work_dir: Path | None = None,
                   check: bool = True) -> Runtime:
     """The service of `serve_config`'s result. `check`: check the pool first
-    (`rl.pool_check.check_run_pool`, PoolCheckError naming the worker); `work_dir`: where a
+    (`rl.run.pool_check.check_run_pool`, PoolCheckError naming the worker); `work_dir`: where a
     sidecar keeps its files (default: a ``serve`` directory next to the checkpoint)."""
     if check:
         check_run_pool(cfg)

@@ -13,7 +13,7 @@ the host cannot give is an error (`SandboxError`, saying what is missing: `unava
 sandbox never falls back to less on its own. Only the request "strongest" does: it takes the
 first of full, namespaces, none that the host gives. A run asks for it for code the project
 generates itself (the simulated pool's answers), never for a real worker's code unless the user
-sets it (`rl.preflight`). `docs/sandbox.md` lists what each level
+sets it (`rl.run.preflight`). `docs/sandbox.md` lists what each level
 guarantees; `routeweaver sandbox check` tests those guarantees on the machine it runs on.
 """
 

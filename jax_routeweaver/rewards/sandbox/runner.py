@@ -525,7 +525,7 @@ def default_sandbox() -> Sandbox:
 
 def configure_default_sandbox(isolation: str | None) -> Sandbox:
     """Make the process-wide sandbox one of `isolation` (a level, "strongest", or None: the
-    default's rule) and return it. A run calls this before its first job (`rl.preflight`).
+    default's rule) and return it. A run calls this before its first job (`rl.run.preflight`).
     The one it replaces is left open: a caller may still hold it (its idle worker threads
     end when it is collected)."""
     global _DEFAULT

@@ -28,7 +28,7 @@ from jax_routeweaver.rewards.sandbox.isolation import SandboxError
 
 Status = Literal["ok", "timeout", "memory", "error", "killed"]
 
-FSIZE_BYTES = 16 << 20  # RLIMIT_FSIZE, as the reference
+FSIZE_BYTES = 16 << 20  # RLIMIT_FSIZE, as the original code
 NOFILE = 256
 STARTUP_TIMEOUT_S = 15.0  # from spawn until the harness is ready (a slow host, not the program)
 MAX_OUTPUT_BYTES = 16 << 20  # stdout kept; more kills the child (status "killed")

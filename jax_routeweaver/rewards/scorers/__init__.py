@@ -1,4 +1,4 @@
-"""Answer scorers, one per `scorer_dataset` name (the reference's dataset-to-scorer mapping),
+"""Answer scorers, one per `scorer_dataset` name (the original's dataset-to-scorer mapping),
 found through `registry`.
 
 `math_equiv` (symbolic math), `text` (letter, SAT/UNSAT, alias EM, short-answer EM and

@@ -1,4 +1,4 @@
-"""Code scorers (the reference's matching rules): programs run against `meta.tests` in the
+"""Code scorers (the original's matching rules): programs run against `meta.tests` in the
 sandbox.
 
     stdin, livecodebench, taco_mm   LCB rules. stdin tests (the default): each test runs the
@@ -21,7 +21,7 @@ Correct iff there is at least one test and every test passed. The program is
 tag), else the text after the last unclosed opening fence, else the last `<answer>` body if it
 looks like code, else the text itself if it looks like code (a line starting with def, class,
 import, from or print( ), else nothing (no code: wrong, nothing runs). The `<answer>` step is
-not in the reference's rules; it only matters for texts without a fence (the reward tries the
+not in the original's rules; it only matters for texts without a fence (the reward tries the
 answer body as a separate candidate anyway; docs/algorithm.md, "The verdict").
 
 Expected outputs never enter the sandbox: the child reports outputs, the comparison happens
@@ -71,7 +71,7 @@ CODE_SCORERS = frozenset({"stdin", "apps_functional", "livecodebench", "taco_mm"
 PER_TEST_TIMEOUT_S = 6.0
 LCB_TOTAL_TIMEOUT_S = 90.0
 APPS_TOTAL_TIMEOUT_S = 30.0
-MEMORY_MB = 4096  # per job, as the reference; concurrent jobs share the sandbox memory budget
+MEMORY_MB = 4096  # per job, as the original; concurrent jobs share the sandbox memory budget
 RECURSION_LIMIT = 100_000
 LCB_PRELUDE = ("import collections\nimport heapq\nimport itertools\nimport math\n"
                "import functools\nimport bisect\nimport re\nimport string\n"
@@ -111,7 +111,7 @@ def fenced_blocks(text: str) -> list[Fence]:
 
 
 def looks_like_code(text: str) -> bool:
-    """A line starts with def / class / import / from / print( (the reference's test)."""
+    """A line starts with def / class / import / from / print( (the original's test)."""
     return _CODE_LINE.search(text) is not None
 
 

@@ -1,4 +1,4 @@
-"""Math scorer: symbolic equivalence plus the reference's own rules (its `scorer.score`).
+"""Math scorer: symbolic equivalence plus the original's own rules (its `scorer.score`).
 
 Verdict for a non-empty prediction against the gold list, first rule that fires:
 
@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from jax_routeweaver.rewards.scorers.registry import ScoreResult, gold_list, register
 from jax_routeweaver.rewards.scorers.text import normalize_answer, token_f1
-from jax_routeweaver.routing.answers import last_boxed
+from jax_routeweaver.routing.protocol.answers import last_boxed
 
 __all__ = [
     "BACKEND",
@@ -80,7 +80,7 @@ _PM_PREFIX = re.compile(r"^\\?pm\s*(.+)$", re.S)
 
 
 def normalize_math(text: str | None) -> str:
-    """The reference's sign-preserving normalisation (EM and the string-match guard).
+    """The original's sign-preserving normalisation (EM and the string-match guard).
 
     Unwrap `\\boxed{}`, `\\text{}`, outer `()` / `{}` (up to 3 rounds); `\\%` -> `%`; strip
     `\\left \\right \\! \\, \\; \\  \\( \\) \\[ \\] $` and whitespace; drop trailing `.`;
@@ -131,7 +131,7 @@ def percent_variant(text: str) -> str | None:
     """`50\\%` / `50 %` -> "1/2": the percentage as an exact fraction "p/q", else None.
 
     Commas must be thousands separators of the part before the decimal point; as in the
-    reference, that part is read with the `%` still attached when there is no point, so
+    original code, that part is read with the `%` still attached when there is no point, so
     `1,000%` gets no variant.
     """
     match = _PERCENT_LITERAL.match(text.strip())
@@ -256,7 +256,7 @@ _DELIMITED = re.compile(r"\$|\\\(|\\\[")
 
 
 def _answer_body(prediction: str) -> str:
-    """What the reference scores: the last `<answer>` body of `<answer>{prediction}</answer>`."""
+    """What the original scores: the last `<answer>` body of `<answer>{prediction}</answer>`."""
     return _ANSWER_TAG.findall(f"<answer>{prediction}</answer>")[-1].strip()
 
 
@@ -293,12 +293,12 @@ def _symbolic_equal(candidate: str, gold: str) -> bool:
         gold_parsed, candidate_parsed = _parse(gold), _parse(candidate)
         return bool(gold_parsed and candidate_parsed
                      and verify(gold_parsed, candidate_parsed, timeout_seconds=None))
-    except Exception:  # a parser / sympy failure means "not shown equal", as in the reference
+    except Exception:  # a parser / sympy failure means "not shown equal", as in the original
         return False
 
 
 def _equivalent(prediction: str, golds: Sequence[str]) -> tuple[bool, str]:
-    """Rule 1 of the module docstring (reference `scorer.equivalent` + `score_math`)."""
+    """Rule 1 of the module docstring (the original's `scorer.equivalent` + `score_math`)."""
     candidates = _candidates(prediction)
     for gold in golds:
         variant = percent_variant(gold)

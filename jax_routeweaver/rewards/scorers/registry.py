@@ -1,10 +1,10 @@
-"""The `scorer_dataset` -> scorer registry (the reference's `bench_scoring.score` dispatch).
+"""The `scorer_dataset` -> scorer registry (the original's `bench_scoring.score` dispatch).
 
 A scorer is `scorer(prediction, gold, meta) -> ScoreResult`: the extracted answer text, the
 accepted gold answers and the row's `meta` (code scorers read their tests there). Dispatch is
 an exact dictionary lookup on the name — no aliases, no fallback: an unknown name raises
 `UnknownScorerError`, which the reward turns into `sandbox_error` (the row is dropped as infra,
-the reference's "anything else" case).
+the original's "anything else" case).
 
 Built-in scorers live in sibling modules that register themselves on import (`math_equiv`,
 `text`, and `code`, the last written separately); `get_scorer` and `known_scorers` import them
@@ -131,7 +131,7 @@ def gold_list(gold: str | Sequence[Any], scorer: str = "scorer") -> list[str]:
     """The gold answers as a list of strings; a bare string is one answer, not its characters.
 
     An empty list is an error: every non-code row carries at least one answer (records.py), and
-    the reference fails on an empty list too (`gold[0]`, `max()` of nothing) — the reward then
+    the original fails on an empty list too (`gold[0]`, `max()` of nothing) — the reward then
     drops the row as `sandbox_error` instead of grading it wrong.
     """
     items = [gold] if isinstance(gold, str) else [str(g) for g in gold]

@@ -2,7 +2,7 @@
 
 Each scorer takes the already-extracted answer (router `<answer>` body or `extract_answer` of a
 worker reply, docs/protocol.md, "Candidate answers of worker replies") and applies the
-reference's own normalisation, reproduced exactly:
+original's own normalisation, reproduced exactly:
 
 =====================================  =========================================================
 `mc_letter` `supergpqa` `longbench_v2`  uppercase; LAST standalone `\\b[A-J]\\b`; equal to
@@ -86,7 +86,7 @@ def token_f1(pred: Sequence[str], truth: Sequence[str]) -> float:
 
 # ---------------------------------------------------------- short-answer normalisation
 
-# No word boundary after "answer": the reference strips that prefix from "answers" too. Both
+# No word boundary after "answer": the original strips that prefix from "answers" too. Both
 # sides go through the same function, so the quirk is kept for fidelity.
 _ANSWER_PREFIX = re.compile(r"^(the\s+)?(final\s+)?answer\s*(is|:)?\s*")
 _TRAILING_JUNK = re.compile(r"[*.\s]+$")
@@ -95,7 +95,7 @@ _NON_ALNUM = re.compile(r"[^0-9a-z]+")
 
 
 def short_norm(text: str | None) -> str:
-    """The reference's `_norm`: lowercase, strip, drop a leading "(the )(final )answer (is|:)", drop
+    """The original's `_norm`: lowercase, strip, drop a leading "(the )(final )answer (is|:)", drop
     trailing `*` / `.` / spaces, collapse whitespace."""
     text = str(text or "").strip().lower()
     text = _ANSWER_PREFIX.sub("", text, count=1)
@@ -132,7 +132,7 @@ _LETTER = re.compile(r"\b([A-J])\b")
 
 
 def pick_letter(answer: str | None) -> str | None:
-    """The LAST standalone letter A-J of the uppercased answer, or None (the reference's SuperGPQA
+    """The LAST standalone letter A-J of the uppercased answer, or None (the original's SuperGPQA
     rule)."""
     hits = _LETTER.findall(_text(answer).upper())
     return hits[-1] if hits else None
@@ -149,13 +149,13 @@ def score_letter(prediction: str, gold: Sequence[str],
 
 
 _UNSAT = re.compile(r"\bUNSAT(ISFIABLE)?\b")
-# The look-behind is the reference's; `\b` alone already rejects the SAT inside UNSAT.
+# The look-behind is the original's; `\b` alone already rejects the SAT inside UNSAT.
 _SAT = re.compile(r"(?<!UN)\bSAT(ISFIABLE)?\b")
 _SAT_WORDS = {"YES": "SAT", "TRUE": "SAT", "NO": "UNSAT", "FALSE": "UNSAT"}
 
 
 def pick_sat(answer: str | None) -> str | None:
-    """The reference's SATBench rule: "SAT", "UNSAT" or None.
+    """The original's SATBench rule: "SAT", "UNSAT" or None.
 
     Uppercase; if only one of UNSAT(ISFIABLE) / SAT(ISFIABLE) occurs as a word, that one; if
     both, the one whose last occurrence ends later; if neither, the whole answer without a
@@ -176,7 +176,7 @@ def pick_sat(answer: str | None) -> str | None:
 @register("binary_sat", "satbench")
 def score_sat(prediction: str, gold: Sequence[str],
               meta: Mapping[str, Any] | None = None) -> ScoreResult:
-    """Correct iff the picked label equals `gold[0]` exactly (the reference does not normalise
+    """Correct iff the picked label equals `gold[0]` exactly (the original does not normalise
     the gold: it must be "SAT" or "UNSAT"); em = f1 = correct."""
     golds = gold_list(gold, "SAT scorer")
     picked = pick_sat(prediction)
@@ -203,10 +203,10 @@ def score_triviaqa(prediction: str, gold: Sequence[str],
 
 def score_short_answer(prediction: str | None, gold: Sequence[str], *, containment: bool,
                        both_ways: bool = False) -> ScoreResult:
-    """The reference's `_em_short`. em = `short_norm` equality with some gold. With
+    """The original's `_em_short`. em = `short_norm` equality with some gold. With
     `containment`, a miss is still correct when a non-empty normalised gold occurs in the
     non-empty normalised prediction with alphanumeric boundaries (`contains_bounded`);
-    `both_ways` also accepts the prediction inside a gold (implemented by the reference,
+    `both_ways` also accepts the prediction inside a gold (implemented by the original,
     enabled by none of its scorers).
     f1 = best `short_f1`.
     """
