@@ -114,6 +114,7 @@ def assert_adv_close(out, a_mode, a_inner, a_grpo, tokens, tol=2e-4):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches())
 def test_comet_matches_oracle(b):
@@ -123,6 +124,7 @@ def test_comet_matches_oracle(b):
     assert_adv_close(out, am, ai, ag, oracle_tokens(am, ai, free, b["span"], b["mask"]))
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches(), st.sampled_from([0.1, 0.3, 0.5, 1.0]))
 def test_gdpo_matches_oracle(b, alpha):
@@ -135,6 +137,7 @@ def test_gdpo_matches_oracle(b, alpha):
     assert_adv_close(out, am, ai, ag, oracle_tokens(am, ai, free, b["span"], b["mask"]))
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches())
 def test_grpo_gated_matches_oracle(b):
@@ -145,6 +148,7 @@ def test_grpo_gated_matches_oracle(b):
 
 
 # --------------------------------------------------------------------------- properties
+@pytest.mark.slow
 @EXAMPLES
 @given(batches(), st.sampled_from([0.0, 0.3, 0.7]))
 def test_identity(b, alpha):
@@ -155,6 +159,7 @@ def test_identity(b, alpha):
     check_identity(run_gdpo(b, alpha), b["forced"], b["clean"])
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches(), st.data())
 def test_permutation_invariance(b, data):
@@ -165,6 +170,7 @@ def test_permutation_invariance(b, data):
         np.testing.assert_allclose(x[perm], y, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches())
 def test_gdpo_alpha_zero_is_comet_grpo(b):
@@ -172,6 +178,7 @@ def test_gdpo_alpha_zero_is_comet_grpo(b):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches(modes=lambda g: g % 4))
 def test_one_mode_groups_have_zero_a_mode(b):
@@ -193,6 +200,7 @@ def _distinct_modes(g):
     return mode
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches(modes=_distinct_modes))
 def test_single_sample_modes_have_zero_a_inner(b):
@@ -202,6 +210,7 @@ def test_single_sample_modes_have_zero_a_inner(b):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches(rewards=lambda g: (g % 3 - 1).astype(float)), st.sampled_from([0.0, 0.5]))
 def test_zero_variance_groups_are_zeroed(b, alpha):
@@ -218,6 +227,7 @@ def test_zero_variance_groups_are_zeroed(b, alpha):
         assert np.all(x[sel] == 0.0)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches(), st.lists(st.floats(-1e6, 1e6, width=32) | st.just(float("nan")),
                           min_size=N, max_size=N), st.sampled_from([0.0, 0.4]))
@@ -235,6 +245,7 @@ def test_dirty_rows_have_no_influence_and_zero_advantage(b, junk, alpha):
         assert np.all(x[~(b["clean"] & b["cc"])] == 0.0)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches())
 def test_forced_rows_get_plain_grpo_on_all_tokens(b):
@@ -248,6 +259,7 @@ def test_forced_rows_get_plain_grpo_on_all_tokens(b):
                                out.a_grpo[f, None] * b["mask"][f], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(batches())
 def test_mode_tokens_carry_a_mode(b):

@@ -141,6 +141,7 @@ def test_embedder_disk_cache(embedder, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- outcomes
+@pytest.mark.slow
 def test_collected_outcomes_equal_direct_pool_calls(tasks, pool, outcomes):
     assert outcomes.workers == tuple(pool.worker_ids())
     assert [r.sample_id for r in outcomes.records] == [r.sample_id for r in tasks]
@@ -184,6 +185,7 @@ def test_unpriced_worker_is_an_error(tasks, pool):
 
 
 # ---------------------------------------------------------------------------- the table
+@pytest.mark.slow
 def test_rows_follow_the_schema(table, split, outcomes, tmp_path):
     _, evaluation = split
     assert tuple(table) == BASELINE_NAMES

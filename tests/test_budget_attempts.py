@@ -118,6 +118,7 @@ REQUEST = st.fixed_dictionaries({
 EXAMPLES = itertools.count()
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests=st.lists(REQUEST, min_size=1, max_size=3),

@@ -67,6 +67,7 @@ def logits(model: Qwen3) -> np.ndarray:
     return np.asarray(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 def test_round_trip_unsharded(tmp_path, tied):
     model = make_model(tie_word_embeddings=tied)
@@ -126,6 +127,7 @@ def test_restore_casts_to_bfloat16(tmp_path):
     assert mixed.config.scan_layers is False
 
 
+@pytest.mark.slow
 def test_bfloat16_model_round_trips(tmp_path):
     model = make_model(param_dtype="bfloat16", dtype="bfloat16")
     save_policy(model, tmp_path, 0)
@@ -263,6 +265,7 @@ def test_delete_after_drops_the_abandoned_steps(tmp_path):
         assert ckpt.steps() == [1, 2]
 
 
+@pytest.mark.slow
 def test_train_state_round_trips_with_optimizer_and_shardings(tmp_path, devices):
     """The full train state (params, optax state, step, RNG) restores bit-identically into the
     shardings of a live template; a different model is refused."""
@@ -291,6 +294,7 @@ def test_train_state_round_trips_with_optimizer_and_shardings(tmp_path, devices)
         ckpt.restore(other)
 
 
+@pytest.mark.slow
 def test_a_step_written_on_8_devices_reads_in_a_1_device_process(tmp_path, devices):
     """What the vLLM worker extension does: `read_step` in a process whose JAX has another
     device count than the trainer that wrote the step (orbax would reuse the saved mesh)."""

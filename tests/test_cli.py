@@ -83,6 +83,7 @@ def test_import_then_export_is_bit_identical(tmp_path, capsys, hf_model):
     np.testing.assert_allclose(torch_logits(exported), torch_logits(original), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_tied_model_on_a_mesh_exports_untied(tmp_path, capsys, devices):
     hf_dir = tmp_path / "hf"
     original = make_hf_model(hf_dir, seed=1, tie_word_embeddings=True)
@@ -155,6 +156,7 @@ def test_errors_exit_2(tmp_path, capsys, tiny_hf_dir):
     assert run(capsys, "--help")[0] == 0
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_is_one_line_and_orbax_leftovers_are_dropped(
         tmp_path, capsys, monkeypatch, tiny_hf_dir):
     """A failed array read makes orbax abandon its other reads, which report to

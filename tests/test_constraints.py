@@ -50,6 +50,7 @@ def prompts(tokenizer, n):
             for i in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("greedy", [False, True])
 def test_random_model_emits_only_valid_selectors(sampler, tokenizer, greedy):
     params = SamplingParams(temperature=1.0, greedy=greedy, max_new_tokens=24, seed=7)
@@ -60,6 +61,7 @@ def test_random_model_emits_only_valid_selectors(sampler, tokenizer, greedy):
         assert c.finish_reason == "grammar"
 
 
+@pytest.mark.slow
 def test_logprobs_are_the_unconstrained_policy(sampler, model, tokenizer):
     """The grammar is a truncation (like top-k): logprobs are log_softmax of the raw logits."""
     ps = prompts(tokenizer, 2)
@@ -73,6 +75,7 @@ def test_logprobs_are_the_unconstrained_policy(sampler, model, tokenizer):
         np.testing.assert_allclose(c.logprobs, np.asarray(full)[0, len(p):], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_unconstrained_rows_and_stop_token_grammars(sampler, tokenizer):
     ps = prompts(tokenizer, 3)
     ending = Grammar('root ::= "<answer>" [0-9]{1,3} "</answer>"', end_with_stop_token=True)
@@ -85,6 +88,7 @@ def test_unconstrained_rows_and_stop_token_grammars(sampler, tokenizer):
     assert re.fullmatch(r"<answer>[0-9]{1,3}</answer>", tokenizer.decode(answer.token_ids[:-1]))
 
 
+@pytest.mark.slow
 def test_grammar_errors(model, tokenizer, sampler):
     plain = JaxSampler(model, kv_cache="dense")
     with pytest.raises(ValueError, match="constraints=GrammarConstraints"):
@@ -179,6 +183,7 @@ ROUTES = ('<route model="worker_1">Solve it.</route>', '<route model="worker_2">
           '<route model="worker_2" role="planner">Solve it.</route>', "<answer>42</answer>")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("greedy", "mesh_shape"), [(False, None), (True, None),
                                                    (False, (2, 2, 1))],
                          ids=["sampled", "greedy", "sampled-sharded"])
@@ -241,6 +246,7 @@ def _uniform_mode_probs(constraints, tokenizer, grammar):
     return probs
 
 
+@pytest.mark.slow
 def test_choice_samples_canonical_tokens_uniformly(tokenizer):
     """In a tiny run's pruned vocabulary (a, ag, age, s, single, m, multi are tokens) a text
     grammar admits 3 first tokens for agentic and 2 for the others, so a uniform policy

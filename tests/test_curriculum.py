@@ -157,6 +157,7 @@ def test_bad_question_floor_settings_name_the_field(override, key):
         load_train_config(quickstart, [override])
 
 
+@pytest.mark.slow
 def test_declaration_rows_are_scored_when_either_term_has_weight():
     """The support loss needs rows while ρ > 0; the per-question floor after the forced
     phase (ρ = 0) too; with neither, none are built."""
@@ -185,6 +186,7 @@ def test_declaration_rows_are_scored_when_either_term_has_weight():
     assert declaration_rows(off, tokenizer, batch, rho=1.0) is None
 
 
+@pytest.mark.slow
 def test_the_learner_takes_its_declaration_terms_from_exploration():
     from pathlib import Path
 

@@ -52,6 +52,7 @@ def demos(run):
     return demonstrations(records, make_env, pool, tokenizer, pool.worker_ids(), seed=0)
 
 
+@pytest.mark.slow
 def test_each_mode_is_executed_as_designed(run, demos):
     _, records, _, tokenizer, _ = run
     assert [t.record.sample_id for t in demos] == [r.sample_id for r in records]
@@ -115,6 +116,7 @@ def test_demonstrations_are_deterministic_and_seeded(run, demos):
                        pool.worker_ids(), seed=0)
 
 
+@pytest.mark.slow
 def test_the_designed_strategies_pay_as_the_pool_intends(run, demos):
     """With random workers, agentic beats single on MATH/CODE/REASON and loses on RECALL:
     the margins the mode decision should later follow."""
@@ -149,6 +151,7 @@ def demos_traj(run):
     return Trajectory(record=run[1][0], repeat=0, prompt_ids=[])
 
 
+@pytest.mark.slow
 def test_cloning_rows_and_loss(run, demos):
     cfg, _records, _pool, tokenizer, _ = run
     rows = cloning.pack(demos[:12], tokenizer.pad_token_id)

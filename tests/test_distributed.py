@@ -52,6 +52,7 @@ def run_two_processes(cmd: list[str], devices_each: int) -> list[str]:
     return outs
 
 
+@pytest.mark.slow
 def test_two_processes_of_four_devices_equal_one_of_eight(tmp_path, devices):
     run_two_processes([sys.executable, str(HERE / "distributed_worker.py"),
                        str(tmp_path / "two.npz"), str(tmp_path / "two_ckpt")], 4)
@@ -130,6 +131,7 @@ def test_host_shares_cover_the_batch_and_merge_back_in_order():
         assert merge_host_shares(rolled, k) == [f"{q}{i}" for q in queries for i in range(k)]
 
 
+@pytest.mark.slow
 def test_two_hosts_run_the_training_loop(tmp_path):
     """`routeweaver train` on two processes x 2 CPU devices: each host rolls out its share of
     the queries with the in-process sampler (a policy replica on its own devices), every host
@@ -160,6 +162,7 @@ def test_two_hosts_run_the_training_loop(tmp_path):
     assert step == 2 and model.config.num_layers == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("tensor", "shape"), [(2, (1, 4, 2)), (3, (1, 8, 1)), (-1, (1, 8, 1))])
 def test_a_hosts_sampler_copy_is_resharded_on_its_own_devices(devices, tensor, shape):
     """One process of 8 devices: the policy FSDP-sharded for training comes back as the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +43,7 @@ OUTSIDE = re.compile(r"§|\.\./shared|DESIGN\.md|reference/(routeweaver|router-r
                      r"(reference|spec) (routeweaver|router-r1)(\.md)? ?§?\d")
 
 
+@pytest.mark.slow
 def test_no_citation_points_outside_the_repository():
     """Code, configs and docs cite the repository's own docs, never the spec files it was
     built from (they are not in the repository). bench/RESULTS.md is a dated log: it keeps

@@ -60,6 +60,7 @@ def channel_file(tmp_path, base_up: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_quickstart_on_the_test_mesh(devices, tmp_path):
     cfg = load_train_config("configs/quickstart.yaml",
                             [*EIGHT_DEVICES, f"out_dir={tmp_path / 'run'}"])

@@ -34,6 +34,7 @@ def after_prompt(context: str, tasks) -> str:
     return context.rsplit(question_of(context, tasks), 1)[1]
 
 
+@pytest.mark.slow
 def test_search_then_answer(tok, tasks):
     def script(context, params):
         q = question_of(context, tasks)

@@ -66,6 +66,7 @@ def run(tok, tasks, turns, *, repeats=1, config=None, pool=None):
     return run_episodes(tasks, sampler, pool, envs, repeats=repeats), sampler
 
 
+@pytest.mark.slow
 def test_single_mode_episode(tok, tasks):
     trajs, sampler = run(tok, tasks[:1], [
         "<mode>single</mode>", '<route model="worker_3">Solve the question.</route>',
@@ -287,6 +288,7 @@ def test_sandbox_harness_failure_is_recorded_as_infra_notice(tok, code_tasks):
     assert "[execution]" not in tok.decode(t.response_ids)
 
 
+@pytest.mark.slow
 def test_compact_rulebook_and_fixed_task_make_each_route_one_decision(tok, tasks):
     """With `task_text` a route is a canonical choice: in single/multi the worker's digit is
     the only free token of a route turn (everything else is forced, so not trained on), and
@@ -356,6 +358,7 @@ def gold_script(tasks, turns_of=lambda q: SINGLE):
     return script
 
 
+@pytest.mark.slow
 def test_an_env_that_raises_ends_its_episode_only_as_an_infra_row(tok, tasks):
     """docs/protocol.md, "How an episode ends": a turn handler that raises ends that trajectory
     (`loop_error:<Type>`, infra, what it had kept); the batch goes on, the others are scored,

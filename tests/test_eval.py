@@ -196,6 +196,7 @@ def test_report_compares_runs(whole, forced, tmp_path):
         assert_png(tmp_path / name)
 
 
+@pytest.mark.slow
 def test_setup_mismatch_and_bad_inputs_are_errors(tiny_run, whole, tmp_path, capsys):
     cfg = run_cfg(tiny_run)
     with pytest.raises(ValueError, match="force_mode: None -> 'single'.*another --out"):

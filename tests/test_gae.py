@@ -82,6 +82,7 @@ def batch(n: int = 2, length: int = 8):
     return tokens, positions, attention, index, mask
 
 
+@pytest.mark.slow
 def test_critic_starts_at_zero_and_regresses_towards_the_returns(critic):
     tokens, positions, attention, index, mask = batch()
     v0 = critic.values(tokens, positions, attention, index)
@@ -98,6 +99,7 @@ def test_critic_starts_at_zero_and_regresses_towards_the_returns(critic):
     assert np.abs(v - 0.3).max() < np.abs(v0 - 0.3).max() / 2
 
 
+@pytest.mark.slow
 def test_clipped_value_loss_takes_the_larger_term(critic):
     tokens, positions, attention, index, mask = batch()
     v = critic.values(tokens, positions, attention, index)

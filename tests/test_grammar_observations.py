@@ -83,6 +83,7 @@ def test_chat_delta_and_forced_declaration_are_exact() -> None:
     assert inline_env_text("cue") == "\n\ncue\n\n"
 
 
+@pytest.mark.slow
 def test_chat_delta_tokenizes_to_special_tokens(qwen3) -> None:
     ids = qwen3.encode(chat_delta("hi"), add_special_tokens=False)
     im_start, im_end = qwen3.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])

@@ -72,6 +72,7 @@ def test_ppo_rejects_bad_shapes():
         L.ppo_token_losses(jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.zeros((1, 1)), clip_c=1.0)
 
 
+@pytest.mark.slow
 def test_k3_nonnegative_zero_and_zero_grad_at_ref():
     rng = np.random.default_rng(0)
     logp = jnp.asarray(rng.normal(-2, 1.5, (4, 7)), jnp.float32)
@@ -144,6 +145,7 @@ def _loss_fn(params, bt, idx, counts, reduction):
     return parts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["segment", "global"])
 def test_microbatch_equivalence(reduction):
     bt = _toy_batch()
@@ -187,6 +189,7 @@ def test_microbatch_local_counts_would_differ():
     assert abs(full - local) > 1e-3
 
 
+@pytest.mark.slow
 def test_padding_leaves_loss_and_grad_unchanged():
     bt = _toy_batch(b=4, t=5)
     counts = L.segment_counts(bt["resp"], bt["mode"])
@@ -218,6 +221,7 @@ def test_padding_leaves_loss_and_grad_unchanged():
     np.testing.assert_array_equal(g1[:, 5:], 0.0)
 
 
+@pytest.mark.slow
 def test_on_policy_gradient_is_reinforce():
     bt = _toy_batch(b=6, t=4, seed=3)
     mask = bt["resp"]
@@ -261,6 +265,7 @@ def test_segment_normalisation_hand_values():
     assert set(metrics) == {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}
 
 
+@pytest.mark.slow
 def test_segment_without_free_rows_equals_global():
     bt = _toy_batch(b=6, t=5, seed=1)
     lp = _toy_logp(bt["params"], bt["tokens"], bt["feats"])

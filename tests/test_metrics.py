@@ -294,6 +294,7 @@ def tok(tmp_path_factory):
     return build_qwen3_tokenizer(cache_dir=tmp_path_factory.mktemp("tok"))
 
 
+@pytest.mark.slow
 def test_real_episodes(tok):
     """Scripted router on simulated workers: one question answered in single mode, one whose
     selector turn is invalid; scored by the real scorers."""

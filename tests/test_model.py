@@ -96,6 +96,7 @@ def test_rope_theta_changes_logits(tmp_path):
     assert np.abs(a - b).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_right_padding_matches_unpadded(tiny_hf_dir):
     model = load_hf(tiny_hf_dir)
     tokens, _, _ = padded_batch(256)
@@ -123,12 +124,14 @@ def assert_same_loss_and_grads(base, other, tol: float) -> None:
         np.testing.assert_allclose(a[...], b[...], rtol=tol, atol=tol, err_msg=str(pa))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", [dict(scan_layers=False), dict(remat="full"),
                                      dict(remat="dots")])
 def test_scan_and_remat_do_not_change_results(tiny_hf_dir, runtime):
     assert_same_loss_and_grads(load_hf(tiny_hf_dir), load_hf(tiny_hf_dir, **runtime), 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", [dict(remat="full", remat_groups=2),
                                      dict(remat="none", remat_groups=4),
                                      dict(remat="full", remat_groups=2, scan_layers=False)])
@@ -156,6 +159,7 @@ def decoder_dir(request):
                                    else "tiny_qwen2_dir")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("empty_cache", "block"), [(False, 512), (False, 5), (True, 5)])
 def test_kv_cache_decode_matches_full_forward(decoder_dir, empty_cache, block):
     """Prefill a left-padded prompt then feed tokens one by one: same logits as one pass,
@@ -180,6 +184,7 @@ def test_kv_cache_decode_matches_full_forward(decoder_dir, empty_cache, block):
     assert np.abs(stepwise - full)[valid].max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_logprobs_equal_full_softmax(tiny_hf_dir, temperature):
     model = load_hf(tiny_hf_dir)
@@ -195,6 +200,7 @@ def test_chunked_logprobs_equal_full_softmax(tiny_hf_dir, temperature):
         np.testing.assert_allclose(got[:, 1:], expected, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_chunked_logprobs_gradient_equals_full(tiny_hf_dir):
     from flax import nnx
 
@@ -228,6 +234,7 @@ def test_bf16_compute_is_close_to_fp32(tiny_hf_dir):
     assert np.abs(out - f32)[valid].max() < 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("self_attention", [False, True])
 def test_block_attention_matches_dense_on_long_sequences(self_attention):
     """Past ATTENTION_BLOCK queries, attention runs block by block (memory linear in T):
@@ -272,6 +279,7 @@ def test_self_attention_blocks_skip_the_upper_triangle():
     assert causal < 0.65 * full, (causal, full)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("self_attention", [False, True])
 @pytest.mark.parametrize("block", [7, 64])
 def test_attention_block_size_changes_memory_not_values(block, self_attention):
@@ -304,6 +312,7 @@ def gather_batch(vocab: int, seed: int = 0):
     return [jnp.asarray(a) for a in (tokens, positions, mask, gather)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", [dict(), dict(scan_layers=False, remat="full"),
                                      dict(attention_block=4, causal_parts=3)])
 def test_gathered_hidden_states_equal_the_full_pass(tiny_hf_dir, runtime):
@@ -347,6 +356,7 @@ def test_gathered_hidden_states_with_layer_groups_fall_back(tmp_path):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("empty_cache", "block"), [(True, 512), (True, 5), (False, 5)])
 def test_gathered_prefill_fills_the_same_cache(tiny_hf_dir, empty_cache, block):
     """A prefill that keeps only its last position (the sampler's) writes every layer's keys

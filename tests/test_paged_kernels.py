@@ -53,6 +53,7 @@ def portable(q, k, v, table, lengths):
     return paged_attention(q, k, v, 0, table, (lengths - 1)[:, None], lengths)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "K{}N{}H{}S{}M{}".format(*s))
 def test_the_pallas_kernel_equals_the_portable_path(backend, shape):
@@ -64,6 +65,7 @@ def test_the_pallas_kernel_equals_the_portable_path(backend, shape):
                                rtol=0, atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])
 def test_the_pallas_kernel_in_bf16(backend):
     """bf16 pools and queries, as on an accelerator: within bf16's rounding of the output."""
@@ -94,6 +96,7 @@ CFG = ModelConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_laye
                   num_heads=4, num_kv_heads=2, head_dim=16, attention_block=8)
 
 
+@pytest.mark.slow
 def test_the_engine_generates_through_the_kernel():
     """Greedy rows of ragged lengths, more than the slots (3 slots, 4 rows), decoded through
     the TPU kernel (interpret mode) and through the portable path: the same tokens, logprobs

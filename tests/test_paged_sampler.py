@@ -107,6 +107,7 @@ def assert_no_leak(sampler: JaxSampler) -> None:
 
 
 # ------------------------------------------------------------------------------ attention
+@pytest.mark.slow
 def test_paged_hidden_states_equal_the_dense_pass(model):
     """A prompt run in two chunks over scattered pages (block-wise attention included) gives
     the dense pass's hidden states; `gather` gives the same at the gathered position; invalid
@@ -190,6 +191,7 @@ def test_grow_fails_without_room_and_allocates_nothing():
 
 
 # ------------------------------------------------------------------------------ equality
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_paged_generates_what_dense_generates(dense, paged, params):
     """10 mixed-length rows through 4 slots and a pool of 12 pages (96 tokens; all rows at
@@ -210,6 +212,7 @@ def test_paged_generates_what_dense_generates(dense, paged, params):
         assert stats.preemptions > 0
 
 
+@pytest.mark.slow
 def test_sampled_rows_are_the_same_whether_or_not_they_were_preempted(model):
     """Row r's draw at its step t is keyed fold_in(fold_in(key, r), t): a pool so small that
     rows are preempted and resumed (their next logits then come from a prefill) gives the
@@ -226,6 +229,7 @@ def test_sampled_rows_are_the_same_whether_or_not_they_were_preempted(model):
     assert_same(got, want, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_bf16_paged_and_dense_agree():
     """In bf16 compute (the accelerator's dtype; the caches bf16 too) the two engines sum in
     different orders, so a greedy token may flip where two logits tie within bf16's
@@ -248,6 +252,7 @@ def test_bf16_paged_and_dense_agree():
     assert same_rows >= len(PROMPTS) * 0.8
 
 
+@pytest.mark.slow
 def test_stop_strings_match_dense(dense, paged):
     params = dataclasses.replace(GREEDY, stop_strings=("eB", "aA", "q"))
     want, got = dense.generate(PROMPTS, params), paged.generate(PROMPTS, params)
@@ -255,6 +260,7 @@ def test_stop_strings_match_dense(dense, paged):
     assert "stop_string" in {c.finish_reason for c in got}
 
 
+@pytest.mark.slow
 def test_choice_grammars_match_dense(model, constraints, tokenizer, dense, paged):
     """Finite choices decoded on device from the tries (as the dense sampler does), and with
     host masks every step (`device_choices=False`): the same tokens, allowed counts and
@@ -277,6 +283,7 @@ def test_choice_grammars_match_dense(model, constraints, tokenizer, dense, paged
     assert_no_leak(host)
 
 
+@pytest.mark.slow
 def test_xgrammar_host_masks_match_dense(tokenizer, dense, paged):
     """An EBNF grammar (xgrammar matchers, one host round trip per step): the same tokens,
     allowed counts and finish reasons as the dense sampler."""
@@ -292,6 +299,7 @@ def test_xgrammar_host_masks_match_dense(tokenizer, dense, paged):
     assert_no_leak(paged)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 1, 1), (1, 1, 2)], ids=["1dev", "tensor2"])
 def test_mesh_matches_no_mesh(model, paged, devices, shape):
     mesh = make_mesh(shape, devices[:shape[2]])
@@ -303,6 +311,7 @@ def test_mesh_matches_no_mesh(model, paged, devices, shape):
 
 
 # ------------------------------------------------------------------------------ sharing
+@pytest.mark.slow
 def test_rows_share_a_common_prefix(model):
     """4 rows with the same 3-page prefix: the prefix is computed and stored once."""
     sampler = paged_sampler(model)
@@ -333,6 +342,7 @@ def test_next_turn_reuses_the_episodes_pages(model):
     assert_same([c2], want)
 
 
+@pytest.mark.slow
 def test_weight_update_invalidates_cached_pages(model):
     sampler = paged_sampler(model)
     dense = dense_sampler(model)

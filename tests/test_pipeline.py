@@ -137,6 +137,7 @@ def test_without_shuffle_rows_are_drawn_in_file_order():
     assert plan[0][:7] == math_rows[:7] and plan[1][:7] == math_rows[7:14]
 
 
+@pytest.mark.slow
 def test_plan_does_not_depend_on_python_hash_seed():
     script = ("import json; from jax_routeweaver.routing.simulated.tasks import synthetic_tasks; "
               "from jax_routeweaver.data.pipeline import PipelineConfig, plan_batches; "

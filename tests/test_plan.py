@@ -30,6 +30,7 @@ def moments_and_params(trainer: Trainer):
     return pairs
 
 
+@pytest.mark.slow
 def test_optimizer_moments_are_sharded_like_their_parameters(devices):
     mesh = make_mesh((1, 8, 1))
     trainer = Trainer(model(mesh=mesh), OptimConfig(), LossConfig(micro_batch_size=8), mesh=mesh)
@@ -62,6 +63,7 @@ def param_bytes(cfg) -> int:
                for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
+@pytest.mark.slow
 def test_state_bytes_per_device_follow_the_shardings(devices):
     total = param_bytes(PLAN_CFG)
     one = plan(mesh=(1, 1, 1))
@@ -80,6 +82,7 @@ def test_state_bytes_per_device_follow_the_shardings(devices):
     assert one.update.arguments > 6 * eight.update.arguments  # the state really is divided
 
 
+@pytest.mark.slow
 def test_a_critic_is_priced_as_a_second_params_and_optimizer_state(devices):
     # ppo_gae trains a critic of the policy's shape beside it: resident in both programs.
     shape = StepShape(rows=16, length=512, policy_tokens=128)
@@ -91,6 +94,7 @@ def test_a_critic_is_priced_as_a_second_params_and_optimizer_state(devices):
     assert with_critic.as_dict()["critic_gib"] == round(with_critic.critic / GIB, 2)
 
 
+@pytest.mark.slow
 def test_activation_memory_grows_with_length_and_remat_saves_it(devices):
     short, long = plan(512), plan(1024)
     assert long.update.temporaries > short.update.temporaries
@@ -101,6 +105,7 @@ def test_activation_memory_grows_with_length_and_remat_saves_it(devices):
     assert full.logprobs.arguments == long.logprobs.arguments
 
 
+@pytest.mark.slow
 def test_layer_groups_keep_fewer_residual_streams(devices):
     """remat_groups=4 on 16 layers keeps 4 + 4 layer inputs for the backward pass instead of
     16: the update's temporaries shrink, its arguments (the state) do not change."""
@@ -115,6 +120,7 @@ def test_layer_groups_keep_fewer_residual_streams(devices):
     assert grouped.update.temporaries < one.update.temporaries, (grouped.update, one.update)
 
 
+@pytest.mark.slow
 def test_support_rows_and_fit_decision(devices):
     without, with_support = plan(512), plan(512, support_queries=8)
     assert with_support.update.arguments > without.update.arguments
@@ -129,6 +135,7 @@ def test_rows_must_split_into_micro_batches(devices):
         plan(rows_per_device=3)
 
 
+@pytest.mark.slow
 def test_plan_command(tmp_path, capsys, devices):
     arch = tmp_path / "config.json"
     arch.write_text(json.dumps({
@@ -155,6 +162,7 @@ def test_plan_command(tmp_path, capsys, devices):
     assert "--target 'v6e-1'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_update_compiles_once_across_steps(devices, no_compile_cache):
     """Step count and RNG are born where the update returns them: the second step reuses
     the first step's executable instead of compiling the whole update again."""

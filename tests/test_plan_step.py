@@ -45,6 +45,7 @@ def step(train: sp.TrainFigures, settings: ro.RolloutSettings, shape=SHAPE, targ
     return sp.step_plan(target, train, settings, TINY, shape, "float32")
 
 
+@pytest.mark.slow
 def test_the_phases_add_up(train):
     """update = update program + reference + what the engine keeps; reference pass = its
     program + policy + optimizer + kept; rollout = the whole train state + the engine."""
@@ -261,6 +262,7 @@ def test_the_tpu_arm_fits_by_the_recorded_plan():
     assert plan.fits and plan.rollout.full_rows == 44, plan.as_dict()
 
 
+@pytest.mark.slow
 def test_plan_search_command(tmp_path, capsys, devices):
     arch = tmp_path / "config.json"
     arch.write_text(json.dumps({
@@ -302,6 +304,7 @@ def _compiled_temporaries(sampler, jitted: tuple[str, ...], prompts, params) -> 
             for name, (fn, a, k) in seen.items()}
 
 
+@pytest.mark.slow
 def test_the_engines_formulas_bound_their_compiled_temporaries():
     """A scaled router's dense and paged programs compiled on CPU: the formulas the plan
     prices them by are upper bounds of XLA's temporaries, the dense one within 1.5x (1.21x

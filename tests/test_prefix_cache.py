@@ -87,6 +87,7 @@ def two_turns(sampler: JaxSampler, params: SamplingParams) -> tuple[list, list]:
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("params", "mesh_shape"),
                          [(GREEDY, None), (SAMPLED, None), (GREEDY, (1, 2, 2))],
                          ids=["greedy", "sampled", "greedy-sharded"])
@@ -107,6 +108,7 @@ def test_reuse_generates_what_full_prefill_does(model, devices, params, mesh_sha
         np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_no_reuse_without_a_shorter_tail_and_the_store_empties_on_new_weights(model):
     sampler = JaxSampler(model, kv_cache="dense", prompt_buckets=BUCKETS, prefix_cache_mb=64)
     sampler.generate([seq(1, 40)], GREEDY)

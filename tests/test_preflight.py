@@ -75,6 +75,7 @@ def test_every_problem_is_named_at_once_and_nothing_is_written(tmp_path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_a_run_that_needs_no_sandbox_does_not_check_it(tmp_path, monkeypatch):
     monkeypatch.setenv("ROUTEWEAVER_SANDBOX", "sideways")
     data = tmp_path / "recall.jsonl"

@@ -85,6 +85,7 @@ def test_biases_shard_like_their_projections_outputs(qwen2_dir):
         assert np.abs(np.asarray(bias)).min() > 0  # the random biases, not zeros
 
 
+@pytest.mark.slow
 def test_paged_decode_matches_full_forward(qwen2_dir):
     """The paged decoder adds the biases too: a prompt prefilled over scattered pages, then
     fed one token at a time, gives the full forward's logits at every position."""

@@ -125,6 +125,7 @@ def test_llama_variant_adds_only_the_tag_rule():
         render_prompt_text("q", variant="gpt")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_prompt_through_qwen3_chat_template(qwen_tok):
     content = render_prompt_text("Who wrote Hamlet")
     chat = r1.render_chat_prompt("Who wrote Hamlet", qwen_tok)

@@ -221,6 +221,7 @@ def random_action(constraints, grammar, rng) -> list[int]:
     return ids
 
 
+@pytest.mark.slow
 def test_every_constrained_episode_passes_router_r1_format_check():
     """Random walks through the per-turn grammars (what a random-init router does), stitched
     into episodes with real observations: every action parses as intended, fits the bound

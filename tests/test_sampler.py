@@ -99,6 +99,7 @@ def test_greedy_matches_transformers(sampler, reference):
         assert (c.finish_reason, c.stop, c.policy_version) == ("length", None, 0)
 
 
+@pytest.mark.slow
 def test_temperature_zero_is_greedy(sampler, reference):
     out = sampler.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=MAX_NEW))
     assert [c.token_ids for c in out] == [r[0] for r in reference]
@@ -126,6 +127,7 @@ def _shortest_hit(tokens: list[int], stops: tuple[str, ...]) -> int | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interval", [3, None])
 def test_stop_string_cuts_tokens_and_logprobs(sampler, jax_model, reference, interval):
     if interval is not None:  # host checks every 3 steps (the default sampler: every 32)
@@ -145,6 +147,7 @@ def test_stop_string_cuts_tokens_and_logprobs(sampler, jax_model, reference, int
     assert len(out[0].token_ids) <= 7
 
 
+@pytest.mark.slow
 def test_stop_strings_end_the_device_loop_early(jax_model):
     # Every token's text ends in an upper-case letter A..G: all rows stop at their first token.
     sampler = JaxSampler(jax_model, kv_cache="dense", decode=letters, stop_check_interval=3)
@@ -159,6 +162,7 @@ def test_stop_strings_end_the_device_loop_early(jax_model):
     assert len(calls) == 1  # the host check after the first 3 steps ended generation
 
 
+@pytest.mark.slow
 def test_big_seeds_stay_distinct(sampler):
     params = SamplingParams(max_new_tokens=MAX_NEW, seed=5)
     a = sampler.generate(PROMPTS, params)
@@ -223,6 +227,7 @@ def test_same_seed_same_output_different_seed_differs(sampler):
     assert [x.token_ids for x in a] != [x.token_ids for x in c]
 
 
+@pytest.mark.slow
 def test_top_k_one_and_tiny_top_p_equal_greedy(sampler, reference):
     greedy = [r[0] for r in reference]
     top1 = sampler.generate(PROMPTS, SamplingParams(top_k=1, max_new_tokens=MAX_NEW, seed=0))
@@ -254,6 +259,7 @@ def test_sampled_logprobs_and_truncation_match_full_forward(sampler, jax_model):
             assert probs[:rank].sum() < p  # inside the nucleus
 
 
+@pytest.mark.slow
 def test_sample_logits_distribution():
     logits = jnp.log(jnp.asarray([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     keys = jax.random.split(jax.random.key(0), 4000)
@@ -278,6 +284,7 @@ def test_sample_logits_distribution():
 
 
 # ------------------------------------------------------------------------------ sharded
+@pytest.mark.slow
 def test_sharded_greedy_equals_unsharded(tiny_hf_dir, sampler, devices):
     mesh = make_mesh((2, 2, 2))
     sharded = JaxSampler(load_hf(tiny_hf_dir), kv_cache="dense", mesh=mesh, decode=letters)
@@ -356,6 +363,7 @@ def test_length_groups_cut_where_padding_pays():
         assert got == want, (lengths, cost, batch, compiled, new_cost)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("greedy", [True, False])
 def test_cutting_a_call_into_groups_keeps_every_rows_tokens(jax_model, greedy):
     """Rows sample from their own streams: one padded group, a group per row and the default
@@ -379,6 +387,7 @@ def test_cutting_a_call_into_groups_keeps_every_rows_tokens(jax_model, greedy):
         assert len({tuple(c.token_ids) for c in want}) == len(prompts)
 
 
+@pytest.mark.slow
 def test_calls_settle_on_compiled_shapes(jax_model):
     """A cut that needs new shapes pays their compiles: after 8 rows of 70 tokens ran as one
     (8, 128) group, 4 short + 4 long rows reuse it unless compiles are free, and the tokens are
@@ -415,6 +424,7 @@ def test_shape_state_steers_a_fresh_samplers_cuts(jax_model):
     assert fresh.shape_state() == [[8, 128, n]]
 
 
+@pytest.mark.slow
 def test_no_recompile_within_a_bucket(jax_model):
     s = JaxSampler(jax_model, kv_cache="dense")
     s.generate([[1, 2, 3], [4] * 7, [5]], GREEDY)
@@ -434,6 +444,7 @@ def test_no_recompile_within_a_bucket(jax_model):
     assert s.trace_count == traced
 
 
+@pytest.mark.slow
 def test_batch_and_prompt_overflow_buckets(jax_model, reference):
     # 3 prompts over batch bucket 2 -> two groups; an 11-token prompt over bucket 4 -> 12.
     s = JaxSampler(jax_model, kv_cache="dense", batch_buckets=(2,), prompt_buckets=(4,))

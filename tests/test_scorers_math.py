@@ -266,6 +266,7 @@ def test_pool_is_reused():
     assert 1 <= len(pids) <= math_equiv.POOL_WORKERS
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_timeout_is_not_equal_and_replaces_the_pool(monkeypatch):
     monkeypatch.setattr(math_equiv, "MATH_TIMEOUT_S", 1.0)
@@ -296,6 +297,7 @@ def test_concurrent_calls_survive_another_calls_timeout(monkeypatch):
     assert all(r.correct for r in results[3:]), [r for r in results[3:] if not r.correct]
 
 
+@pytest.mark.slow
 def test_a_crashing_worker_is_reported_not_raised():
     with pytest.raises(math_equiv._Crashed):
         math_equiv._call(os._exit, 3, timeout=30)
@@ -308,6 +310,7 @@ def test_shutdown_then_restart():
     assert score_math("1/4", ["0.25"]).correct
 
 
+@pytest.mark.slow
 def test_a_call_whose_pool_is_killed_under_it_is_retried():
     math_equiv._get_pool()
     with concurrent.futures.ThreadPoolExecutor(1) as thread:
@@ -338,6 +341,7 @@ print("fork-ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_its_own_pool():
     """Run in a fresh interpreter: forking this (JAX-threaded) test process could deadlock."""

@@ -53,6 +53,7 @@ def worker_reports(model: Qwen3, tp: int, kv_replicas: int, *, divide: bool = Tr
     return reports
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tensor_parallel_workers_count_each_value_once(tp):
     model = Qwen3(CFG, rngs=nnx.Rngs(0))

@@ -52,6 +52,7 @@ def params(model):
             nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
+@pytest.mark.slow
 def test_sharded_forward_equals_unsharded(tiny_hf_dir, devices):
     mesh = make_mesh((2, 2, 2))
     plain = load_hf(tiny_hf_dir)
@@ -95,6 +96,7 @@ def test_sample_rules_replicate_over_fsdp(tiny_hf_dir):
     assert all("fsdp" not in str(s) for s in specs.values())
 
 
+@pytest.mark.slow
 def test_create_sharded_births_params_sharded(devices):
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=16)

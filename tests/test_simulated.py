@@ -549,6 +549,7 @@ def strategy_table(n=3000, seed=31, pool_seed=8):
                   for s, v in per.items()} for key, per in raw.items()}
 
 
+@pytest.mark.slow
 def test_no_single_mode_is_best_everywhere():
     """The simulator's reason to exist: fixed single / multi (majority of 3) / agentic (plan,
     execute, verify, summarize) strategies each win somewhere, as in the paper."""

@@ -60,6 +60,7 @@ def random_router(cfg, tokenizer):
         tokenizer)
 
 
+@pytest.mark.slow
 def test_decision_inputs_end_where_the_mode_word_is_chosen(run_parts):
     records, tokenizer = run_parts
     tokens, mask, last, firsts = stand_in.decision_inputs(
@@ -150,6 +151,7 @@ def test_branch_finds_the_first_decision():
     assert stand_in.branch([[7, 1], [7, 2]]) == ([7], [1, 2])
 
 
+@pytest.mark.slow
 def test_the_objective_values_by_hand(run_parts, tmp_path):
     """L_align = 1 - cos(h, t), L_mode = KL(uniform || softmax(h . w_m)) and the worker
     terms the same at each mode's first worker choice."""
@@ -204,6 +206,7 @@ def built(tmp_path_factory):
     return tmp, done.stdout
 
 
+@pytest.mark.slow
 def test_built_once_then_reused_and_loaded_by_the_run(built, run_parts, capsys, monkeypatch):
     tmp_path, printed = built
     assert "distilling 60 questions" in printed and "domain_share" in printed

@@ -110,6 +110,7 @@ def _no_build(*_args, **_kwargs):
 # --------------------------------------------------------------------------- encoding
 
 
+@pytest.mark.slow
 def test_hello_world_ids(tok):
     assert tok.encode("Hello, world!", add_special_tokens=False) == [9707, 11, 1879, 0]
     # No bos/eos is added by default either.
@@ -310,6 +311,7 @@ def test_second_call_loads_from_cache(qwen3_cache, monkeypatch):
     assert tokenizer_json.stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("via", ["env", "home"])
 def test_default_cache_location(qwen3_cache, tmp_path, monkeypatch, via):
     if via == "env":
@@ -372,6 +374,7 @@ def test_crashed_build_leaves_no_cache(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- load_tokenizer
 
 
+@pytest.mark.slow
 def test_load_tokenizer_round_trip(tok, tmp_path):
     saved = tmp_path / "ckpt"
     tok.save_pretrained(saved)

@@ -156,6 +156,7 @@ def test_out_dir_url_is_a_config_error(capsys):
     assert "out_dir: 'gs://bucket/run': a filesystem path is needed" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_http_workers_serve_every_step(tmp_path, monkeypatch, compile_cache):
     """Workers behind real HTTP (`HttpWorkerPool`, which binds its client to one event loop)
     across steps: the run keeps one loop, so step 2 calls the workers like step 1."""
@@ -189,6 +190,7 @@ def test_http_workers_serve_every_step(tmp_path, monkeypatch, compile_cache):
     assert SECRET not in (tmp_path / "run" / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_training_rolls_out_on_the_paged_engine(tmp_path, compile_cache):
     """`rollout.kv_cache: paged` through the whole loop: 10 rollouts through 4 decode slots of
     a small page pool (rows admitted as others retire), two steps, every action valid."""

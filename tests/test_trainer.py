@@ -62,6 +62,7 @@ def assert_grads_close(a, b, rtol: float = 1e-6) -> None:
     assert np.abs(ga - gb).max() <= rtol * scale + 1e-12, np.abs(ga - gb).max() / scale
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["segment", "global"])
 def test_one_micro_batch_equals_eight(reduction):
     batch = random_batch()
@@ -73,6 +74,7 @@ def test_one_micro_batch_equals_eight(reduction):
     np.testing.assert_allclose(float(m1["loss/total"]), float(m8["loss/total"]), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_ppo_diagnostics_do_not_depend_on_micro_batching():
     """pg_clipfrac and ppo_kl are mini-batch means: eight micro-batches' shares add up to the
     one micro-batch's value (they were averaged, i.e. divided by the micro-batch count)."""
@@ -86,6 +88,7 @@ def test_ppo_diagnostics_do_not_depend_on_micro_batching():
         np.testing.assert_allclose(out[0][key], out[1][key], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_micro_batching_on_the_8_device_mesh(devices):
     mesh = make_mesh((2, 4, 1))
     batch = random_batch(n=16)
@@ -103,6 +106,7 @@ def test_micro_batching_on_the_8_device_mesh(devices):
         Trainer(model(mesh=mesh), OptimConfig(), LossConfig(micro_batch_size=4), mesh=mesh)
 
 
+@pytest.mark.slow
 def test_gradient_matches_direct_autodiff_of_the_loss():
     """The accumulated gradient equals jax.grad of the textbook objective written out."""
     batch = random_batch(seed=3)
@@ -163,6 +167,7 @@ def declaration_scores(policy, prompts, decls) -> jax.Array:
     return jnp.where(span, lp, 0.0).sum(1).reshape(len(prompts), len(decls))
 
 
+@pytest.mark.slow
 def test_support_gradient_equals_full_graph():
     """Chunked two-pass support gradient == autodiff through one unchunked forward."""
     prompts, decls = support_rows(seed=0)
@@ -183,6 +188,7 @@ def test_support_gradient_equals_full_graph():
     assert float(metrics["support/lambda"]) == pytest.approx(0.4)
 
 
+@pytest.mark.slow
 def test_support_pass_logs_the_mode_distribution():
     """The teacher-forced scores give π_M per query: π̄ over all, free and forced queries,
     and the first scored token's probability (docs/metrics.md's mode/pibar_all, free|forced/pi,
@@ -217,6 +223,7 @@ def test_an_arm_without_queries_has_no_mode_distribution():
     assert float(out["mode/pi1_single"]) == pytest.approx(0.3)
 
 
+@pytest.mark.slow
 def test_constrained_support_scores_the_grammar_choice():
     """With `constrained`, a declaration scores what a `Grammar.choice` sampler draws: the
     mode word's first token against the three first tokens (softmax over the model's own
@@ -256,6 +263,7 @@ def test_constrained_support_scores_the_grammar_choice():
     assert float(plain["support/pibar_agentic"]) < 0.2 * float(metrics["support/pibar_agentic"])
 
 
+@pytest.mark.slow
 def test_update_raises_logprob_of_advantaged_tokens_and_keeps_caller_arrays():
     policy = model()
     before = np.asarray(policy.embed.get_value()).copy()
@@ -278,6 +286,7 @@ def test_update_raises_logprob_of_advantaged_tokens_and_keeps_caller_arrays():
     np.testing.assert_array_equal(before, np.asarray(policy.embed.get_value()))
 
 
+@pytest.mark.slow
 def test_sampler_logprobs_match_the_trainer():
     """The gap diagnostic is ~0 when the sampler serves the trainer's weights."""
     policy = model(seed=2)
@@ -304,6 +313,7 @@ def test_sampler_logprobs_match_the_trainer():
     assert np.isfinite(metrics["loss/total"])
 
 
+@pytest.mark.slow
 def test_gathered_positions_give_the_same_gradient():
     """Computing logprobs only at the policy tokens (the head skips prompt/env tokens) is the
     same objective as the full [N, L] layout."""
@@ -316,6 +326,7 @@ def test_gathered_positions_give_the_same_gradient():
                                rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_ppo_mini_batches_are_sequential_steps_against_the_pre_update_policy():
     """Two mini-batches = two optimizer steps on the row halves, each with its own token
     denominators and the ratio taken against the logprobs *before* the first step."""
@@ -360,6 +371,7 @@ def gathered(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 clean=batch["clean"], index=index)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["full", "gathered"])
 def test_group_by_length_gives_the_same_gradient_and_update(layout):
     """Length-sorted micro-batches, each cut to its own bucket, are the same objective: the
@@ -405,6 +417,7 @@ def test_group_by_length_gives_the_same_gradient_and_update(layout):
     assert grouped.step == plain.step == 1
 
 
+@pytest.mark.slow
 def test_group_by_length_on_the_8_device_mesh(devices):
     mesh = make_mesh((2, 4, 1))
     batch = random_batch(n=16, length=256, seed=8, min_length=16)
@@ -420,6 +433,7 @@ def test_group_by_length_on_the_8_device_mesh(devices):
     assert len(leaf.sharding.device_set) > 1 and sharded.step == 1
 
 
+@pytest.mark.slow
 def test_group_by_length_keeps_the_scan_when_cutting_saves_little():
     """Rows of about one length: the cut would save under GROUP_MIN_SAVING of the padded
     tokens, so the trainer runs the one-dispatch scan (no per-micro-batch calls)."""
@@ -436,6 +450,7 @@ def test_group_by_length_keeps_the_scan_when_cutting_saves_little():
     assert trainer.length_groups(spread["attention_mask"]) is not None
 
 
+@pytest.mark.slow
 def test_question_floor_gradient_equals_full_graph_and_weights_with_rho():
     """The per-question mode floor joins the support pass: its chunked gradient equals
     autodiff of λ0·ρ·L_support + λ_q·(1 − ρ)·L_floor through unchunked forwards; at ρ = 1
@@ -475,6 +490,7 @@ def test_question_floor_gradient_equals_full_graph_and_weights_with_rho():
     assert not off._support_args(sb, 0.0, 5)[2]["with_support"]
 
 
+@pytest.mark.slow
 def test_trunk_lr_scale_moves_the_trunk_slower_than_the_head():
     """With trunk_lr_scale s, one AdamW step moves every trunk weight by s times what the
     same step moves it at one rate, and the head (lm_head) by the same amount."""
