@@ -1,6 +1,5 @@
 """GAE, reward-KL and whitening (rl/core/gae.py) against hand-computed cases, and the critic's
-clipped
-value loss (rl/learner/critic.py)."""
+clipped value loss (rl/learner/critic.py)."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -228,8 +228,7 @@ def test_recovery_branch(t, r_task):
 def test_the_run_rewards_with_its_protocols_recovery_branch(recovery):
     """Training, `eval run` and `eval favourites` take their RewardConfig from
     `rl.run.routeweaver_run.reward_config`: a recovery-mode run scores a violation that
-    recovered and
-    answered wrongly 0, not the no-recovery -1."""
+    recovered and answered wrongly 0, not the no-recovery -1."""
     from pathlib import Path
 
     from jax_routeweaver.rl.run.routeweaver_run import reward_config

@@ -1,7 +1,6 @@
 """Where metrics go (rl/reports/run_log.py, rl/reports/run_plots.py): the JSONL record (nulls,
-flushing, resume
-without duplicate steps), TensorBoard events read back from the file, the plain progress lines,
-PNG plots and the first-vs-last summary table."""
+flushing, resume without duplicate steps), TensorBoard events read back from the file, the
+plain progress lines, PNG plots and the first-vs-last summary table."""
 
 import io
 import json

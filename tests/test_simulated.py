@@ -391,8 +391,7 @@ def test_role_words_inside_the_router_task_do_not_change_the_role(pool, tasks):
 
 def test_recognises_the_payloads_of_routing_prompts(pool, tasks):
     """Against the real payload builders (routing/protocol/prompts.py), when they are there:
-    what the
-    prompt writers must keep is the question verbatim, the role word in the brief, and the
+    what the prompt writers must keep is the question verbatim, the role word in the brief, and the
     `[nK] (from ROLE)` headers of referenced outputs."""
     prompts = pytest.importorskip("jax_routeweaver.routing.protocol.prompts")
     if not all(hasattr(prompts, name) for name in ("single_multi_payload", "role_payload")):

@@ -45,20 +45,21 @@ from jax_routeweaver.eval import report
 from jax_routeweaver.eval.baselines import BASELINE_NAMES, aevaluate_baselines
 from jax_routeweaver.eval.evaluate import (
     CACHE_FILE,
+    CheckpointSampling,
     EvalConfig,
     EvalResult,
     EvalSet,
+    EvalSets,
     Evaluator,
     build_eval_pool,
-    check_run_options,
     load_router_sets,
     load_sets,
+    shared_fields,
 )
 from jax_routeweaver.eval.mode_oracle import ModeOracle, mode_oracle, mode_oracle_markdown
 from jax_routeweaver.rl.run.router_checkpoint import resolve_checkpoint
 from jax_routeweaver.rl.run.train_config import TrainConfig
-from jax_routeweaver.routing.pools.replay import ReplayMode, ReplayStats
-from jax_routeweaver.routing.pools.workers import DEFAULT_TEMPERATURE
+from jax_routeweaver.routing.pools.replay import ReplayStats
 from jax_routeweaver.routing.protocol.calls import WorkerPool
 
 ROUTER = "router"
@@ -74,31 +75,19 @@ def forced_name(mode: str) -> str:
     return f"forced_{mode}"
 
 
-@dataclasses.dataclass(frozen=True)
-class BaselineConfig:
-    """The single-round baselines on `sets` (module doc). `train_sets`: what kNN/MLP fit on
-    (needed only when they run). `cache`: the worker cache ("" = OUT/worker_cache.jsonl).
-    `limit`: only the first N evaluation questions over all sets. `largest_worker`: the
-    "largest" router's worker (None = the priciest by the price table). `k`, `lambda_cost`,
-    `seed`, `mlp_steps`: as `baselines.aevaluate_baselines`."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaselineConfig(EvalSets):
+    """The single-round baselines on `EvalSets` (module doc; each baseline writes
+    OUT/<router>/). `train_sets`: what kNN/MLP fit on (needed only when they run).
+    `largest_worker`: the "largest" router's worker (None = the priciest by the price
+    table). `k`, `lambda_cost`, `seed`, `mlp_steps`: as `baselines.aevaluate_baselines`."""
 
-    # Evaluation sets: record files or ``synthetic[:N[:SEED]]`` (as `EvalConfig.sets`);
-    # at least one.
-    sets: tuple[str, ...]
-    # Output directory; each baseline writes OUT/<router>/ (module doc). Required.
-    out_dir: str
     # Training sets of kNN/MLP (same forms as `sets`); required when either runs.
     train_sets: tuple[str, ...] = ()
     # Baselines to run: distinct names from `BASELINE_NAMES`, at least one.
     routers: tuple[str, ...] = BASELINE_NAMES
     # Worker of the "largest" router (an offered worker id); None = the priciest one.
     largest_worker: str | None = None
-    # Worker cache mode: "record", "replay" or "off" (`routing.pools.replay`).
-    replay: ReplayMode = "record"
-    # Worker cache file; "" = OUT/worker_cache.jsonl.
-    cache: str = ""
-    # Only the first N evaluation questions over all sets, N >= 0; None = all.
-    limit: int | None = None
     # Neighbours of the kNN router, >= 1.
     k: int = 10
     # Cost weight λ of kNN/MLP, per USD, >= 0 (0 = accuracy routing; a call costs about
@@ -108,15 +97,13 @@ class BaselineConfig:
     seed: int = 0
     # Full-batch Adam steps of the MLP router, >= 1.
     mlp_steps: int = 300
-    # Sampling temperature of HTTP workers, >= 0 (not checked here).
-    worker_temperature: float = DEFAULT_TEMPERATURE
 
     def __post_init__(self) -> None:
         unknown = [n for n in self.routers if n not in BASELINE_NAMES]
         if unknown or not self.routers or len(set(self.routers)) != len(self.routers):
             raise ValueError(f"routers={list(self.routers)}: expected distinct names from "
                              f"{list(BASELINE_NAMES)}")
-        check_run_options(self.sets, self.replay, self.limit)
+        super().__post_init__()
         if self.k < 1 or not self.lambda_cost >= 0:
             raise ValueError(f"k={self.k}, lambda_cost={self.lambda_cost}: need k >= 1 and "
                              "lambda_cost >= 0")
@@ -127,9 +114,9 @@ class BaselineConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CompareConfig(BaselineConfig):
-    """The comparison (module doc): the baselines' settings (`BaselineConfig`, whose fields
-    it takes as they are: the sets, the routers, the worker cache, the limit, ...), plus
+class CompareConfig(BaselineConfig, CheckpointSampling):
+    """The comparison (module doc): the baselines' settings (`BaselineConfig`, with the
+    `EvalSets` every router shares), `CheckpointSampling` for the checkpoints, and
     `checkpoint` evaluated free and forced to each mode, and `router_r1` (a checkpoint,
     "" = none) with its own config. `cache` "" = OUT/worker_cache.jsonl, shared by all."""
 
@@ -137,24 +124,20 @@ class CompareConfig(BaselineConfig):
     checkpoint: str
     # A Router-R1 checkpoint to add as a row; "" = none.
     router_r1: str = ""
-    # Episodes sampled together by the checkpoints, >= 0; 0 = data.batch_size ×
-    # data.group_size (as `EvalConfig.batch_size`).
-    batch_size: int = 0
-    # Show progress bars while the checkpoints are evaluated (as `EvalConfig.progress`).
-    progress: bool = True
 
     def baseline_options(self, cache: str) -> BaselineConfig:
         """The baselines' part of these settings, with the comparison's worker `cache`."""
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(BaselineConfig)}
-        return BaselineConfig(**{**shared, "cache": cache})
+        return BaselineConfig(**{**shared_fields(self, BaselineConfig), "cache": cache})
 
     def eval_options(self, checkpoint: str, out_dir: Path, name: str, cache: str,
                      force_mode: Literal["single", "multi", "agentic"] | None = None
                      ) -> EvalConfig:
-        return EvalConfig(
-            checkpoint=checkpoint, sets=self.sets, out_dir=str(out_dir), force_mode=force_mode,
-            replay=self.replay, cache=cache, limit=self.limit, batch_size=self.batch_size,
-            name=name, worker_temperature=self.worker_temperature, progress=self.progress)
+        """One checkpoint's evaluation: these sets and sampling, its own output directory,
+        name, worker `cache` and forced mode."""
+        return EvalConfig(**{**shared_fields(self, EvalSets),
+                             **shared_fields(self, CheckpointSampling),
+                             "checkpoint": checkpoint, "out_dir": str(out_dir), "name": name,
+                             "cache": cache, "force_mode": force_mode})
 
 
 # ------------------------------------------------------------------------------ sets

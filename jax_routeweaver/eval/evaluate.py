@@ -111,49 +111,73 @@ def check_run_options(sets: Sequence[str], replay: str, limit: int | None) -> No
         raise ValueError("no evaluation sets given")
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    """One evaluation. `sets`: record files or ``synthetic[:N[:SEED]]``. `replay`: the
-    worker cache mode (`routing.pools.replay`); `cache`: its file ("" = OUT/worker_cache.jsonl).
-    `limit`: evaluate only the first N questions over all sets (a later run without it
-    does the rest). `batch_size`: episodes sampled together (0 = data.batch_size ×
-    data.group_size, the loop's rollout batch). `name`: the router's name in rows and
-    tables ("" = derived from the checkpoint and the forced mode)."""
-    # The router to evaluate: an HF directory, a policy checkpoint or step directory, or a
-    # run directory (`resolve_checkpoint`). Required.
-    checkpoint: str
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSets:
+    """What every evaluation command shares (`EvalConfig`, `compare.BaselineConfig`,
+    `compare.CompareConfig`), declared once: the questions, where the results go, the worker
+    cache and the workers' temperature. Checked on construction (`check_run_options`)."""
+
     # Evaluation sets: record files (.jsonl/.json/.parquet) or ``synthetic[:N[:SEED]]``;
     # at least one.
     sets: tuple[str, ...]
-    # Output directory: rows.jsonl, eval.json and the summaries (module doc). Required.
+    # Output directory: what each command writes there is in its module doc. Required.
     out_dir: str
-    # Force every episode into this mode ("single", "multi" or "agentic"); None = free
-    # routing. Not allowed with the Router-R1 dialect.
-    force_mode: Literal["single", "multi", "agentic"] | None = None
     # Worker cache mode (`routing.pools.replay`): "record", "replay" (offline, a miss is an
     # error) or "off" (no cache).
     replay: ReplayMode = "record"
     # Worker cache file; "" = OUT/worker_cache.jsonl. Unused with replay="off".
     cache: str = ""
-    # Evaluate only the first N questions over all sets, N >= 0; None = all.
+    # Evaluate only the first N questions over all sets, N >= 0; None = all (a later run
+    # without it does the rest).
     limit: int | None = None
-    # Episodes sampled together, >= 0; 0 = data.batch_size × data.group_size.
-    batch_size: int = 0
-    # The router's name in rows and tables; "" = derived from checkpoint and forced mode.
-    name: str = ""
     # Sampling temperature of HTTP workers, >= 0 (not checked here; unused by the simulated
     # pool).
     worker_temperature: float = DEFAULT_TEMPERATURE  # the original's worker temperature
+
+    def __post_init__(self) -> None:
+        check_run_options(self.sets, self.replay, self.limit)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointSampling:
+    """How a checkpoint's episodes are sampled and shown (`EvalConfig`, and the routers that
+    `compare.CompareConfig` evaluates)."""
+
+    # Episodes sampled together, >= 0; 0 = data.batch_size × data.group_size (the loop's
+    # rollout batch).
+    batch_size: int = 0
     # Show a progress bar while evaluating.
     progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig(EvalSets, CheckpointSampling):
+    """One evaluation of `checkpoint` on `EvalSets` with `CheckpointSampling` (their fields
+    are this config's too). `name`: the router's name in rows and tables ("" = derived from
+    the checkpoint and the forced mode)."""
+
+    # The router to evaluate: an HF directory, a policy checkpoint or step directory, or a
+    # run directory (`resolve_checkpoint`). Required.
+    checkpoint: str
+    # Force every episode into this mode ("single", "multi" or "agentic"); None = free
+    # routing. Not allowed with the Router-R1 dialect.
+    force_mode: Literal["single", "multi", "agentic"] | None = None
+    # The router's name in rows and tables; "" = derived from checkpoint and forced mode.
+    name: str = ""
 
     def __post_init__(self) -> None:
         if self.force_mode is not None and self.force_mode not in FORCED_MODES:
             raise ValueError(f"force_mode={self.force_mode!r}: expected one of "
                              f"{list(FORCED_MODES)}")
-        check_run_options(self.sets, self.replay, self.limit)
+        super().__post_init__()
         if self.batch_size < 0:
             raise ValueError(f"batch_size={self.batch_size}: must be >= 0")
+
+
+def shared_fields(source: Any, base: type) -> dict[str, Any]:
+    """The values of `base`'s fields in `source` (a config that extends `base`), to build
+    another config from them."""
+    return {f.name: getattr(source, f.name) for f in dataclasses.fields(base)}
 
 
 @dataclasses.dataclass

@@ -12,8 +12,7 @@ The rollout engine, per device, by ``rollout.sampler`` / ``rollout.kv_cache``:
   ``SAMPLE_RULES`` (tensor parallel, replicated over data and fsdp) on the sampler's mesh: the
   training mesh on one host, each host's own devices with the same tensor degree when it
   divides them (else 1) on several (``rl.run.replica.sampler_mesh_shape``). The replica stays
-  between
-  rollouts (``kept``).
+  between rollouts (``kept``).
 * ``jax`` + ``dense``: every row of a host's first round at once (``ceil(batch / hosts) x K``),
   each with a ``prompt + max_new_tokens``-slot cache: ``rows x (prompt + max_new_tokens) x 2 x
   L x K x H x bytes`` (bytes of the compute dtype), rows split over the sampler mesh's batch

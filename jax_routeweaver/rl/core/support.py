@@ -6,8 +6,7 @@ Every query of a batch is scored teacher-forced under each of the three declarat
 the host, and :func:`support_gradient` turns the chunk scores into the gradient of
 ``λ0·ρ·L_support`` with one forward over all chunks and one VJP per chunk, so the memory of
 a chunk, not of the whole batch, bounds the pass. The learner (`rl.learner.trainer`) supplies
-how one
-chunk is scored (its model, temperature and sharding).
+how one chunk is scored (its model, temperature and sharding).
 """
 
 from __future__ import annotations

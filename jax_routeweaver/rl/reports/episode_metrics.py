@@ -4,11 +4,10 @@ shape, the forced arm per mode (``m1/*``), the two arms (``stage2/*``), per-ques
 choice, cost coverage and the policy's probability of the mode it chose.
 
 `rl.reports.metrics.rollout_metrics` calls `episode_diagnostics` and follows the same
-conventions (see
-its module doc): rows in query-major order, groups of K consecutive rows, mode labels
-``single`` / ``multi`` / ``agentic`` / ``invalid``, a metric over an empty set left out, and
-no mode key for Router-R1 rows (`with_modes` False). The mode-label helpers live here so
-both modules share them.
+conventions (see its module doc): rows in query-major order, groups of K consecutive rows,
+mode labels ``single`` / ``multi`` / ``agentic`` / ``invalid``, a metric over an empty set left
+out, and no mode key for Router-R1 rows (`with_modes` False). The mode-label helpers live here
+so both modules share them.
 """
 
 from __future__ import annotations

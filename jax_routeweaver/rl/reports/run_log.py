@@ -3,8 +3,7 @@
 The JSONL file (``out_dir/metrics.jsonl``) is the run's record of truth: one object per step,
 ``{"step": int, name: float | null, ...}``, non-finite values written as null, flushed line by
 line. `read_metrics` loads it back; `rl.reports.run_plots.plot_run` and
-`rl.reports.run_plots.summary_table`
-work from what it returns.
+`rl.reports.run_plots.summary_table` work from what it returns.
 """
 
 from __future__ import annotations

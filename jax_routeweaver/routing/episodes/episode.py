@@ -54,8 +54,7 @@ class Trajectory:
     `run_episodes`).
 
     Diagnostics the envs record for the metrics (`rl/reports/metrics.py`, docs/metrics.md); each
-    stays
-    at its default where a dialect has no such thing:
+    stays at its default where a dialect has no such thing:
     `token_source`: per response token, `SOURCE_ENV` (appended by the env), `SOURCE_POLICY`
     (sampled, a choice) or `SOURCE_FORCED` (sampled, but the grammar admitted only that token);
     empty for a trajectory built by hand (provenance unknown). `mode_logprob`: summed sampler

@@ -28,10 +28,10 @@ from jax_routeweaver.routing.protocol.calls import WorkerCall, WorkerPool
 from jax_routeweaver.sampling.base import Completion, SamplingParams
 from jax_routeweaver.sampling.constraints import Grammar, ebnf_literal
 
-# The original's router decoding: train T 0.8, top-p 0.95, top-k off; eval greedy
-# (docs/paper_configs.md, "configs/paper/base.yaml").
+# The original's router decoding in training: T 0.8, top-p 0.95, top-k off (evaluation is
+# greedy: `rl.run.router_checkpoint.greedy_config`; docs/paper_configs.md,
+# "configs/paper/base.yaml").
 TRAIN_SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, top_k=-1, max_new_tokens=512)
-EVAL_SAMPLING = SamplingParams(greedy=True, max_new_tokens=512)
 
 # The answer when `answer_choices` is on and no worker reply yields a candidate.
 NO_CANDIDATE_ANSWER = "none"
