@@ -518,6 +518,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def fields_of(source: Any, base: type) -> dict[str, Any]:
+    """The values of dataclass `base`'s fields in `source` (an instance of a dataclass that
+    extends `base`), to build another config from them."""
+    return {f.name: getattr(source, f.name) for f in dataclasses.fields(base)}
+
+
 def to_dict(obj: Any) -> dict:
     """Dataclass tree -> plain YAML/JSON-safe data (enums -> values, tuples -> lists).
 

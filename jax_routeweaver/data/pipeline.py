@@ -28,7 +28,7 @@ from typing import Any
 
 import grain
 
-from jax_routeweaver.config import bounded
+from jax_routeweaver.config import bounded, fields_of
 from jax_routeweaver.data.records import FORCED_MODES, Domain, Record
 
 __all__ = [
@@ -154,7 +154,7 @@ class PipelineConfig(BatchSettings):
     @classmethod
     def of(cls, settings: BatchSettings, **extra: Any) -> PipelineConfig:
         """The pipeline of `settings` (empty quotas: none), with `extra` fields set."""
-        given = {f.name: getattr(settings, f.name) for f in dataclasses.fields(BatchSettings)}
+        given = fields_of(settings, BatchSettings)
         return cls(**{**given, "quotas": settings.quotas or None, **extra})
 
     def __post_init__(self) -> None:

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from jax_routeweaver.config import redact_secrets, to_dict
+from jax_routeweaver.config import fields_of, redact_secrets, to_dict
 from jax_routeweaver.data.records import FORCED_MODES, Record
 from jax_routeweaver.eval import report
 from jax_routeweaver.eval.baselines import BASELINE_NAMES, aevaluate_baselines
@@ -54,7 +54,6 @@ from jax_routeweaver.eval.evaluate import (
     build_eval_pool,
     load_router_sets,
     load_sets,
-    shared_fields,
 )
 from jax_routeweaver.eval.mode_oracle import ModeOracle, mode_oracle, mode_oracle_markdown
 from jax_routeweaver.rl.run.router_checkpoint import resolve_checkpoint
@@ -127,15 +126,15 @@ class CompareConfig(BaselineConfig, CheckpointSampling):
 
     def baseline_options(self, cache: str) -> BaselineConfig:
         """The baselines' part of these settings, with the comparison's worker `cache`."""
-        return BaselineConfig(**{**shared_fields(self, BaselineConfig), "cache": cache})
+        return BaselineConfig(**{**fields_of(self, BaselineConfig), "cache": cache})
 
     def eval_options(self, checkpoint: str, out_dir: Path, name: str, cache: str,
                      force_mode: Literal["single", "multi", "agentic"] | None = None
                      ) -> EvalConfig:
         """One checkpoint's evaluation: these sets and sampling, its own output directory,
         name, worker `cache` and forced mode."""
-        return EvalConfig(**{**shared_fields(self, EvalSets),
-                             **shared_fields(self, CheckpointSampling),
+        return EvalConfig(**{**fields_of(self, EvalSets),
+                             **fields_of(self, CheckpointSampling),
                              "checkpoint": checkpoint, "out_dir": str(out_dir), "name": name,
                              "cache": cache, "force_mode": force_mode})
 

@@ -174,12 +174,6 @@ class EvalConfig(EvalSets, CheckpointSampling):
             raise ValueError(f"batch_size={self.batch_size}: must be >= 0")
 
 
-def shared_fields(source: Any, base: type) -> dict[str, Any]:
-    """The values of `base`'s fields in `source` (a config that extends `base`), to build
-    another config from them."""
-    return {f.name: getattr(source, f.name) for f in dataclasses.fields(base)}
-
-
 @dataclasses.dataclass
 class EvalResult:
     """`rows`: the whole dump; `evaluated`: rows this call added; `replay`: cache counts

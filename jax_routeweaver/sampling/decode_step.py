@@ -33,9 +33,8 @@ class StepMasks(NamedTuple):
 class Picked(NamedTuple):
     """One step's draw for rows `[B]`."""
 
-    token: jax.Array  # [B] int32; pad where the row was done
+    token: jax.Array  # [B] int32; pad where the row was done (it drew nothing)
     logprob: jax.Array  # [B] fp32; 0 where the row was done
-    active: jax.Array  # [B] bool: the row drew (it was not done)
     stopped: jax.Array  # [B] bool: it drew a stop token
     ended: jax.Array  # [B] bool: its choice trie completed without a stop token
     node: jax.Array  # [B] int32: its choice-trie node after the token (-1: unconstrained)
@@ -68,4 +67,4 @@ def pick_next(logits: jax.Array, keys: jax.Array, done: jax.Array, node: jax.Arr
     if grammar == "choice":
         node, ended = choice_advance(node, tok, active, kids, at, args.choice_child,
                                      args.choice_end)
-    return Picked(tok, lp, active, hit, ended, node)
+    return Picked(tok, lp, hit, ended, node)

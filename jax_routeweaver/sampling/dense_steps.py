@@ -215,7 +215,7 @@ class DenseSteps:
             keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, s.step)
             p = pick_next(s.logits, keys, s.done, s.node, args, masks, pad=self._pad_id,
                           greedy=greedy, truncate=truncate, grammar=grammar)
-            tok, lp, active, hit = p.token, p.logprob, p.active, p.stopped
+            tok, lp, active, hit = p.token, p.logprob, ~s.done, p.stopped
             hidden, cache = model.hidden_states(
                 tok[:, None], (s.prompt_lens + s.step)[:, None],
                 jnp.ones((tok.shape[0], 1), bool), s.cache)

@@ -239,7 +239,7 @@ class PagedEngine:
             keys = jax.vmap(jax.random.fold_in)(row_keys, s.steps)
             p = pick_next(logits, keys, s.done, s.node, args, masks, pad=pad, greedy=greedy,
                           truncate=truncate, grammar=grammar)
-            tok, lp, active, hit = p.token, p.logprob, p.active, p.stopped
+            tok, lp, active, hit = p.token, p.logprob, ~s.done, p.stopped
             hidden, pool = model.hidden_states_paged(
                 tok[:, None], s.lengths[:, None], pool, table, s.lengths + 1, active[:, None],
                 kernel=self._kernel)
